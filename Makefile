@@ -1,0 +1,50 @@
+# The two commands: `make demo` (the main job) and `make test`. Both install what is missing, configure once,
+# build incrementally and run. Also: make build, make bench, make clean.
+#   LIBTORCH=<prefix>   build against your own LibTorch instead of installing torch into .venv
+#   CMAKE_ARGS=...      extra configure arguments (e.g. -DLIBTORCH_AMP_CUDA=OFF)
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_ARGS ?=
+
+GENERATOR := $(if $(shell command -v ninja 2>/dev/null),Ninja,Unix Makefiles)
+LAUNCHER := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache,)
+TORCH_ARG := $(if $(LIBTORCH),-DCMAKE_PREFIX_PATH=$(LIBTORCH),)
+# ccache: paths relative to the checkout, so a fresh clone elsewhere (CI) hits the same cache entries.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
+
+.PHONY: all deps configure build test demo bench clean gpu-bundle
+all: build
+
+deps:
+	@scripts/bootstrap.sh
+
+$(BUILD_DIR)/CMakeCache.txt:
+	@$(MAKE) --no-print-directory deps
+	cmake -S . -B $(BUILD_DIR) -G "$(GENERATOR)" $(LAUNCHER) $(TORCH_ARG) $(CMAKE_ARGS)
+
+configure: deps $(BUILD_DIR)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target train_fashion_mnist
+	$(BUILD_DIR)/python_free_examples/train_fashion_mnist --epochs 1
+
+bench: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_multi_tensor_scale
+	$(BUILD_DIR)/benchmarks/bench_multi_tensor_scale
+
+# Copies the third-party sources the GPU machine lacks (it has no apt, no network) into .deps/ (git-ignored),
+# for scripts/gpu_check.sh --deps .deps.
+gpu-bundle:
+	rm -rf .deps && mkdir -p .deps/include
+	cp -r /usr/src/googletest .deps/googletest
+	cp -r /usr/include/CLI .deps/include/CLI
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,49 @@
+# Helpers shared by every target of ours: warnings, the include root, precompiled LibTorch headers.
+
+# Warnings on for our own code (LibTorch and third-party headers come in as SYSTEM), errors in CI.
+function(lta_set_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  if(LIBTORCH_AMP_WERROR)
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-Werror>
+      $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Werror>)
+  endif()
+endfunction()
+
+# One library of the three layers: libtorch_amp::<alias>, headers under the repository root.
+function(lta_add_layer_library name alias)
+  add_library(${name} STATIC ${ARGN})
+  add_library(libtorch_amp::${alias} ALIAS ${name})
+  set_target_properties(${name} PROPERTIES EXPORT_NAME ${alias})
+  target_include_directories(${name} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  target_compile_features(${name} PUBLIC cxx_std_17)
+  lta_set_warnings(${name})
+endfunction()
+
+# Frontend translation units (tests, examples, benchmarks) include <torch/torch.h>; it is parsed once into
+# a precompiled header that every such target reuses. All of them get the same flags through this function,
+# which is what makes the reuse valid.
+function(lta_frontend_target target)
+  target_link_libraries(${target} PRIVATE torch lta_fmt)
+  lta_set_warnings(${target})
+  if(NOT LIBTORCH_AMP_PCH)
+    return()
+  endif()
+  get_target_property(_type ${target} TYPE)
+  if(_type STREQUAL "EXECUTABLE")
+    # Executables would get -fPIE and libraries -fPIC, and a PCH is valid for one only: compile both as PIC
+    # (valid in a PIE executable) so they can share it.
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+    target_compile_options(${target} PRIVATE -fPIC)
+  endif()
+  if(NOT TARGET lta_torch_pch)
+    add_library(lta_torch_pch OBJECT "${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp")
+    target_link_libraries(lta_torch_pch PRIVATE torch lta_fmt)
+    lta_set_warnings(lta_torch_pch)
+    target_precompile_headers(lta_torch_pch PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<torch/torch.h$<ANGLE-R>>")
+  endif()
+  target_precompile_headers(${target} REUSE_FROM lta_torch_pch)
+endfunction()

@@ -1,0 +1,109 @@
+#include "fashion_mnist.h"
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#ifdef LIBTORCH_AMP_HAVE_ZLIB
+#include <zlib.h>
+#endif
+
+namespace examples {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+std::vector<uint8_t> read_all_bytes(const std::string& path) {
+  std::vector<uint8_t> bytes;
+  if (ends_with(path, ".gz")) {
+#ifdef LIBTORCH_AMP_HAVE_ZLIB
+    gzFile file = gzopen(path.c_str(), "rb");
+    TORCH_CHECK(file != nullptr, "cannot open ", path);
+    std::array<uint8_t, 1 << 16> buffer{};
+    int n = 0;
+    while ((n = gzread(file, buffer.data(), buffer.size())) > 0)
+      bytes.insert(bytes.end(), buffer.data(), buffer.data() + n);
+    int err = 0;
+    const char* message = gzerror(file, &err);
+    gzclose(file);
+    TORCH_CHECK(n == 0 && (err == Z_OK || err == Z_STREAM_END), "cannot decompress ", path, ": ", message);
+#else
+    TORCH_CHECK(false, "cannot read ", path, ": this build has no zlib; gunzip the file or use --synthetic");
+#endif
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    TORCH_CHECK(in.good(), "cannot open ", path);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return bytes;
+}
+
+uint32_t read_be32(const std::vector<uint8_t>& b, size_t offset) {
+  return (uint32_t{b[offset]} << 24) | (uint32_t{b[offset + 1]} << 16) | (uint32_t{b[offset + 2]} << 8) |
+         uint32_t{b[offset + 3]};
+}
+
+std::string find_split_file(const std::string& dir, const std::string& stem) {
+  for (const std::string& candidate : {dir + "/" + stem + ".gz", dir + "/" + stem}) {
+    if (file_exists(candidate)) return candidate;
+  }
+  TORCH_CHECK(false, "Fashion-MNIST file ", dir, "/", stem,
+              "[.gz] not found. Install the data with "
+              "`apt-get install dataset-fashion-mnist`, point --data at the folder, or run with --synthetic.");
+}
+
+}  // namespace
+
+torch::Tensor read_idx_file(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_all_bytes(path);
+  TORCH_CHECK(bytes.size() >= 4, path, " is not an IDX file: only ", bytes.size(), " bytes");
+  TORCH_CHECK(bytes[0] == 0 && bytes[1] == 0 && bytes[2] == 0x08, path,
+              " is not an unsigned-byte IDX file: bad magic number ", read_be32(bytes, 0));
+  const int rank = bytes[3];
+  TORCH_CHECK(rank >= 1 && rank <= 4, path, ": IDX rank must be 1..4, got ", rank);
+  const size_t header = 4 + 4 * static_cast<size_t>(rank);
+  TORCH_CHECK(bytes.size() >= header, path, " is truncated inside its header");
+  std::vector<int64_t> sizes;
+  int64_t count = 1;
+  for (int d = 0; d < rank; ++d) {
+    sizes.push_back(read_be32(bytes, 4 + 4 * d));
+    count *= sizes.back();
+  }
+  TORCH_CHECK(static_cast<int64_t>(bytes.size() - header) == count, path, " holds ", bytes.size() - header,
+              " data bytes but its header promises ", count);
+  auto out = torch::empty(sizes, torch::kUInt8);
+  std::memcpy(out.data_ptr<uint8_t>(), bytes.data() + header, static_cast<size_t>(count));
+  return out;
+}
+
+ImageSplit load_fashion_mnist(const std::string& dir, bool train) {
+  const std::string prefix = train ? "train" : "t10k";
+  auto images = read_idx_file(find_split_file(dir, prefix + "-images-idx3-ubyte"));
+  auto labels = read_idx_file(find_split_file(dir, prefix + "-labels-idx1-ubyte"));
+  TORCH_CHECK(images.dim() == 3 && labels.dim() == 1 && images.size(0) == labels.size(0), dir, ": images ",
+              images.sizes(), " and labels ", labels.sizes(), " do not match");
+  // Fashion-MNIST's training-set statistics, used for both splits like the usual transforms.Normalize.
+  constexpr double kMean = 0.2860;
+  constexpr double kStd = 0.3530;
+  auto x = images.to(torch::kFloat32).div_(255.0).sub_(kMean).div_(kStd).unsqueeze(1);
+  return {x.contiguous(), labels.to(torch::kInt64)};
+}
+
+ImageSplit synthetic_fashion_mnist(int64_t n, uint64_t seed) {
+  TORCH_CHECK(n > 0, "synthetic data set size must be > 0, got ", n);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  constexpr int64_t kClasses = 10;
+  auto class_means = torch::randn({kClasses, 1, 28, 28}, gen);
+  auto labels = torch::randint(0, kClasses, {n}, gen, torch::kInt64);
+  auto images = class_means.index_select(0, labels) + 0.8 * torch::randn({n, 1, 28, 28}, gen);
+  return {images, labels};
+}
+
+}  // namespace examples

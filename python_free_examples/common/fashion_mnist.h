@@ -1,0 +1,32 @@
+#pragma once
+
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+namespace examples {
+
+/// Where the Debian package dataset-fashion-mnist puts the data.
+inline const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+/// One split of Fashion-MNIST (or MNIST: same IDX format): images [N, 1, 28, 28] float32 scaled to [0, 1]
+/// and normalized by the split's mean/std, labels [N] int64 in [0, 9].
+struct ImageSplit {
+  torch::Tensor images;
+  torch::Tensor labels;
+};
+
+/// Reads an IDX file (`*-idx3-ubyte` images or `*-idx1-ubyte` labels), gzip-compressed or not, into a uint8
+/// tensor shaped as the file says. Throws naming the path when the file is missing, truncated, or not IDX.
+torch::Tensor read_idx_file(const std::string& path);
+
+/// Loads `train` (60k) or `test` (10k) from `dir` (train-images-idx3-ubyte[.gz] and so on). Throws with the
+/// path and a hint (apt-get install dataset-fashion-mnist, or --synthetic) when the files are missing.
+ImageSplit load_fashion_mnist(const std::string& dir, bool train);
+
+/// A deterministic synthetic stand-in with Fashion-MNIST's shapes: `n` images whose class is learnable
+/// (each class has its own mean pattern plus noise), for machines without the data set.
+ImageSplit synthetic_fashion_mnist(int64_t n, uint64_t seed);
+
+}  // namespace examples

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The project's one GPU check: on a machine with a CUDA GPU and no network (python3 has torch 2.11.0+cu130, no
+# apt), find LibTorch from python3's torch, configure for the GPU's architecture, build with all cores, run the
+# whole ctest suite (CUDA tests included) and the benchmarks in quick mode, and write logs plus a summary
+# table into OUTDIR, printing the table last.
+#
+#   scripts/gpu_check.sh [--dry-run] [--deps DIR] [--build-dir DIR] OUTDIR
+#     --dry-run    the same steps without a GPU (CI runs this): default architectures, CPU benchmarks
+#     --deps DIR   third-party sources the machine lacks, as laid out by `make gpu-bundle`:
+#                  DIR/googletest (GoogleTest source) and DIR/include/CLI (CLI11 headers)
+#     --build-dir  build folder (default build-gpu); reusing an existing one makes a rebuild incremental
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+dry_run=0
+deps=""
+build_dir="build-gpu"
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry_run=1 ;;
+    --deps) deps="$2"; shift ;;
+    --build-dir) build_dir="$2"; shift ;;
+    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
+    -*) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+    *) out="$1" ;;
+  esac
+  shift
+done
+[ -n "$out" ] || { echo "gpu_check: usage: scripts/gpu_check.sh [--dry-run] [--deps DIR] [--build-dir DIR] OUTDIR" >&2; exit 2; }
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+start=$(date +%s)
+summary=()
+status=0
+note() { summary+=("$(printf '%-28s %s' "$1" "$2")"); }
+
+# LibTorch: the project's .venv if it has one, else python3's torch.
+python=python3
+[ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' 2>/dev/null && python=.venv/bin/python
+torch_prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null | tail -n 1)
+[ -n "$torch_prefix" ] || { echo "gpu_check: $python has no torch; cannot find LibTorch" >&2; exit 1; }
+torch_version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null | tail -n 1)
+
+args=(-DCMAKE_PREFIX_PATH="$torch_prefix")
+if command -v ninja >/dev/null 2>&1; then args+=(-G Ninja); fi
+if command -v ccache >/dev/null 2>&1; then
+  args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+gpu="none"
+if [ "$dry_run" = 0 ]; then
+  command -v nvidia-smi >/dev/null 2>&1 || { echo "gpu_check: no nvidia-smi: is there a GPU? (use --dry-run)" >&2; exit 1; }
+  gpu=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -n 1)
+  arch=$(echo "$gpu" | sed -n 's/.*, *\([0-9]*\)\.\([0-9]*\).*/\1\2/p')
+  args+=(-DCMAKE_CUDA_ARCHITECTURES="${arch:-native}")
+fi
+if [ -n "$deps" ]; then
+  deps=$(cd "$deps" && pwd)
+  [ -d "$deps/googletest" ] && args+=(-DGTEST_SOURCE_DIR="$deps/googletest")
+  [ -d "$deps/include/CLI" ] && args+=(-DCLI11_INCLUDE_DIR="$deps/include")
+fi
+note "machine" "$(hostname) | GPU: $gpu | torch $torch_version"
+
+echo "== configure ($build_dir)"
+if cmake -S . -B "$build_dir" "${args[@]}" >"$out/configure.log" 2>&1; then
+  note "configure" "ok"
+else
+  note "configure" "FAILED (configure.log)"; tail -n 30 "$out/configure.log"
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"; exit 1
+fi
+echo "== build"
+if cmake --build "$build_dir" -j "$(nproc)" >"$out/build.log" 2>&1; then
+  note "build" "ok"
+else
+  note "build" "FAILED (build.log)"; grep -E 'error' "$out/build.log" | head -n 20
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"; exit 1
+fi
+echo "== ctest"
+(cd "$build_dir" && ctest -j "$(nproc)" --output-on-failure --timeout 600) >"$out/ctest.log" 2>&1 || status=1
+note "ctest" "$(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -n 1)"
+note "ctest skipped" "$(grep -c '(Skipped)' "$out/ctest.log") test(s)"
+grep -A200 'The following tests FAILED' "$out/ctest.log" | head -n 40
+
+echo "== benchmarks (quick)"
+bench="$build_dir/benchmarks/bench_multi_tensor_scale"
+if "$bench" --rounds 10 >"$out/bench_multi_tensor_scale.txt" 2>&1; then
+  # Headline: our ratio to at::_foreach_mul_ on the many-small fp32 workload.
+  note "multi_tensor_scale" "$(awk '$1=="many-small" && $2=="Float" {print "many-small fp32: " $4 " GB/s, " $7 " vs _foreach_mul_, " $8 " vs loop"}' "$out/bench_multi_tensor_scale.txt")"
+else
+  status=1; note "multi_tensor_scale" "FAILED (bench_multi_tensor_scale.txt)"
+fi
+note "elapsed" "$(( $(date +%s) - start )) s"
+echo
+echo "== summary (also in $out/summary.txt)"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+exit $status

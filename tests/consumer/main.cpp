@@ -1,0 +1,22 @@
+// Links libtorch_amp::amp from an install tree and uses one piece of each layer.
+#include <cstdio>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include <amp/autocast.h>
+#include <ddp/launch_env.h>
+#include <kernels/multi_tensor_scale.h>
+
+int main() {
+  std::vector<torch::Tensor> tensors = {torch::ones({5}), torch::ones({3}, torch::kHalf), torch::ones({0})};
+  kernels::multi_tensor_scale_(tensors, 2.0);
+  if (tensors[0].sum().item<double>() != 10.0 || tensors[1].sum().item<double>() != 6.0) return 1;
+  {
+    amp::AutocastScope scope(torch::kCPU, torch::kBFloat16);
+    if (torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() != torch::kBFloat16) return 2;
+  }
+  if (ddp::launched_by_launcher()) return 3;
+  std::printf("consumer: scaled %zu tensors, autocast scope ok\n", tensors.size());
+  return 0;
+}
