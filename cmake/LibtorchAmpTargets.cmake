@@ -47,3 +47,38 @@ function(lta_frontend_target target)
   endif()
   target_precompile_headers(${target} REUSE_FROM lta_torch_pch)
 endfunction()
+
+# CPU twins are compiled once per instruction set, like ATen's CPU kernels: a generated wrapper per capability
+# includes the source with CPU_CAPABILITY set (at::vec picks its implementation from it) and the matching
+# compiler flags; kernels/cpu/capability.cpp dispatches to ATen's own choice at run time.
+set(LIBTORCH_AMP_CPU_X86_VARIANTS OFF)
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+  set(LIBTORCH_AMP_CPU_X86_VARIANTS ON)
+endif()
+function(lta_add_cpu_twins target)
+  set(_caps DEFAULT)
+  if(LIBTORCH_AMP_CPU_X86_VARIANTS)
+    list(APPEND _caps AVX2 AVX512)
+    target_compile_definitions(${target} PRIVATE LIBTORCH_AMP_CPU_X86_VARIANTS)
+  endif()
+  set(_flags_DEFAULT "")
+  set(_flags_AVX2 -mavx2 -mfma -mf16c -mbmi2)
+  # -Wno-maybe-uninitialized: GCC 12 reports false positives inside its own avx512fintrin.h when at::vec's
+  # AVX512 code is inlined (the same warning ATen silences for its kernels).
+  set(_flags_AVX512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -Wno-maybe-uninitialized)
+  foreach(src IN LISTS ARGN)
+    get_filename_component(_abs "${src}" ABSOLUTE)
+    get_filename_component(_name "${src}" NAME_WE)
+    foreach(cap IN LISTS _caps)
+      set(_wrapper "${CMAKE_CURRENT_BINARY_DIR}/cpu_twins/${_name}.${cap}.cpp")
+      file(CONFIGURE OUTPUT "${_wrapper}" CONTENT "#include \"${_abs}\"\n")
+      target_sources(${target} PRIVATE "${_wrapper}")
+      set(_defs CPU_CAPABILITY=${cap})
+      if(NOT cap STREQUAL "DEFAULT")
+        list(APPEND _defs CPU_CAPABILITY_${cap})
+      endif()
+      set_source_files_properties("${_wrapper}" PROPERTIES COMPILE_DEFINITIONS "${_defs}"
+                                  COMPILE_OPTIONS "${_flags_${cap}}")
+    endforeach()
+  endforeach()
+endfunction()

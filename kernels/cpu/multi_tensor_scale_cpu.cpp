@@ -8,7 +8,9 @@
 
 #include <kernels/cpu/chunks.h>
 
-namespace kernels::cpu {
+// Compiled once per capability (see kernels/cpu/capability.h): everything here lives in
+// kernels::cpu::CPU_CAPABILITY, matching at::vec's own inline namespace.
+namespace kernels::cpu::CPU_CAPABILITY {
 namespace {
 
 template <typename T>
@@ -40,4 +42,4 @@ void multi_tensor_scale(const PointerLists<1>& lists, float scale) {
   }
 }
 
-}  // namespace kernels::cpu
+}  // namespace kernels::cpu::CPU_CAPABILITY

@@ -3,8 +3,11 @@
 #include <limits>
 #include <vector>
 
+#include <ATen/Version.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <kernels/cpu/capability.h>
 
 #include "test_util.h"
 
@@ -141,6 +144,22 @@ TEST(MultiTensorScaleTest, RejectsUndefinedTensor) {
 TEST(MultiTensorScaleTest, RejectsMixedDevices) {
   LTA_REQUIRE_CUDA();
   expect_error({torch::ones({2}), torch::ones({2}, torch::kCUDA)}, "tensors[1] is on cuda:0 but tensors[0] is on cpu");
+}
+
+}  // namespace
+
+namespace {
+
+// The CPU twins run the instruction set ATen itself chose (ATEN_CPU_CAPABILITY overrides both alike);
+// ctest runs this binary once more under each capability, so every variant is checked on machines that have it.
+TEST(CpuCapabilityTest, FollowsAtensChoice) {
+  const std::string aten = at::get_cpu_capability();
+  const std::string ours = kernels::cpu::capability_name(kernels::cpu::capability());
+  if (aten == "AVX512" || aten == "AVX2") {
+    EXPECT_EQ(ours, aten);
+  } else {
+    EXPECT_EQ(ours, "DEFAULT") << "ATen capability " << aten;
+  }
 }
 
 }  // namespace
