@@ -8,15 +8,16 @@
 
 namespace kernels {
 
-/// A raw, framework-free view of `kDepth` parallel tensor lists of one dtype: entry i holds the i-th tensor
-/// of each list (same element count in every list). This is what crosses from the ATen-facing entry points
-/// into the CUDA implementations and the CPU twins.
+/// A raw, framework-free view of `kDepth` parallel tensor lists: entry i holds the i-th tensor of each list
+/// (the same element count in every list), and list d has dtype dtypes[d] throughout. This is what crosses
+/// from the ATen-facing entry points into the CUDA implementations and the CPU twins.
 template <int kDepth>
 struct PointerLists {
-  DType dtype = DType::kFloat32;
+  std::array<DType, kDepth> dtypes{};
   std::vector<std::array<void*, kDepth>> addresses;
   std::vector<int64_t> num_elements;
-  /// Position of each entry in the caller's original list (dtype grouping reorders), for error reports.
+  /// Position of each entry in the caller's original lists (dtype grouping reorders), for error reports and
+  /// for recording which tensor held a non-finite value.
   std::vector<int64_t> original_index;
 
   int64_t size() const { return static_cast<int64_t>(num_elements.size()); }
@@ -26,5 +27,9 @@ struct PointerLists {
     original_index.push_back(index);
   }
 };
+
+/// The value a first-non-finite index tensor holds when no non-finite value has been seen: ops record the
+/// smallest original index with atomicMin (see Note [first non-finite index] in kernels/unscale.h).
+constexpr int32_t kNoNonFiniteIndex = 2147483647;
 
 }  // namespace kernels

@@ -1,9 +1,5 @@
 #include <kernels/tensor_lists.h>
 
-#include <array>
-
-#include <c10/util/Exception.h>
-
 namespace kernels {
 
 const char* dtype_name(DType dtype) {
@@ -35,7 +31,7 @@ void check_floating_contiguous_list(at::TensorList list, const char* arg_name, c
   for (size_t i = 0; i < list.size(); ++i) {
     const at::Tensor& t = list[i];
     TORCH_CHECK(t.defined(), arg_name, "[", i, "] is an undefined tensor");
-    TORCH_CHECK(t.device() == device, arg_name, "[", i, "] is on ", t.device(), " but ", arg_name, "[0] is on ", device,
+    TORCH_CHECK(t.device() == device, arg_name, "[", i, "] is on ", t.device(), " but the call runs on ", device,
                 ": all tensors of one call must share a device");
     TORCH_CHECK(t.scalar_type() == c10::ScalarType::Float || t.scalar_type() == c10::ScalarType::Half ||
                     t.scalar_type() == c10::ScalarType::BFloat16,
@@ -45,19 +41,39 @@ void check_floating_contiguous_list(at::TensorList list, const char* arg_name, c
   }
 }
 
-std::vector<PointerLists<1>> group_by_dtype(at::TensorList list) {
-  std::array<PointerLists<1>, 3> by_dtype;
+void check_list_dtype(at::TensorList list, const char* arg_name, c10::ScalarType dtype) {
   for (size_t i = 0; i < list.size(); ++i) {
-    const DType dtype = to_kernel_dtype(list[i].scalar_type(), "tensor");
-    auto& group = by_dtype[static_cast<int>(dtype)];
-    group.dtype = dtype;
-    group.push_back({list[i].data_ptr()}, list[i].numel(), static_cast<int64_t>(i));
+    TORCH_CHECK(list[i].scalar_type() == dtype, arg_name, "[", i, "] must be ", dtype, ", got ", list[i].scalar_type());
   }
-  std::vector<PointerLists<1>> groups;
-  for (auto& group : by_dtype) {
-    if (group.size() > 0) groups.push_back(std::move(group));
-  }
-  return groups;
+}
+
+void check_flag_tensor(const at::Tensor& flag, const char* arg_name, const c10::Device& device) {
+  check_scalar_tensor(flag, arg_name, device, c10::ScalarType::Float);
+}
+
+void check_scalar_tensor(const at::Tensor& scalar, const char* arg_name, const c10::Device& device,
+                         c10::ScalarType dtype) {
+  TORCH_CHECK(scalar.defined(), arg_name, " is an undefined tensor; it must be a 1-element ", dtype, " tensor on ",
+              device);
+  TORCH_CHECK(scalar.numel() == 1 && scalar.scalar_type() == dtype && scalar.device() == device, arg_name,
+              " must be a 1-element ", dtype, " tensor on ", device, ", got ", scalar.numel(), " element(s) of ",
+              scalar.scalar_type(), " on ", scalar.device());
+  TORCH_CHECK(scalar.is_contiguous(), arg_name, " must be contiguous");
+}
+
+int32_t* optional_index_tensor(const at::Tensor& index, const char* arg_name, const c10::Device& device) {
+  if (!index.defined()) return nullptr;
+  check_scalar_tensor(index, arg_name, device, c10::ScalarType::Int);
+  return index.data_ptr<int32_t>();
+}
+
+c10::Device device_of(at::TensorList first_list) {
+  if (first_list.empty() || !first_list[0].defined()) return c10::Device(c10::kCPU);
+  return first_list[0].device();
+}
+
+std::vector<PointerLists<1>> group_by_dtype(at::TensorList list, const char* name, const c10::Device& device) {
+  return group_lists<1>({list}, {name}, device);
 }
 
 }  // namespace kernels

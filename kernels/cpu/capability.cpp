@@ -4,8 +4,6 @@
 
 #include <ATen/Version.h>
 
-#include <kernels/cpu/multi_tensor_scale_cpu.h>
-
 namespace kernels::cpu {
 
 Capability capability() {
@@ -31,8 +29,5 @@ const char* capability_name(Capability capability) {
   }
   return "DEFAULT";
 }
-
-// One dispatcher per CPU twin.
-LTA_CPU_DISPATCH(multi_tensor_scale, (const PointerLists<1>& lists, float scale), (lists, scale))
 
 }  // namespace kernels::cpu

@@ -15,8 +15,9 @@ const char* capability_name(Capability capability);
 
 }  // namespace kernels::cpu
 
-/// Declares `ret name(args)` in each capability namespace and defines kernels::cpu::name as the dispatcher
-/// that forwards to the variant chosen by capability(). Use once per twin, in a .cpp compiled once.
+/// Declares `void name params` in each capability namespace and defines kernels::cpu::name as the dispatcher
+/// that forwards to the variant chosen by capability(). Use once per twin, inside namespace kernels::cpu of
+/// the op's ATen-facing .cpp (compiled once).
 #ifdef LIBTORCH_AMP_CPU_X86_VARIANTS
 #define LTA_CPU_DISPATCH(name, params, args) \
   namespace DEFAULT {                        \

@@ -29,7 +29,7 @@ void scale_chunks(const PointerLists<1>& lists, const std::vector<CpuChunk>& chu
 
 void multi_tensor_scale(const PointerLists<1>& lists, float scale) {
   const std::vector<CpuChunk> chunks = split_into_chunks(lists);
-  switch (lists.dtype) {
+  switch (lists.dtypes[0]) {
     case DType::kFloat32:
       scale_chunks<float>(lists, chunks, scale);
       break;

@@ -32,7 +32,7 @@ struct ScaleFunctor {
 }  // namespace
 
 void multi_tensor_scale(const PointerLists<1>& lists, float scale, cudaStream_t stream) {
-  dispatch_dtype(lists.dtype, [&](auto tag) {
+  dispatch_dtype(lists.dtypes[0], [&](auto tag) {
     using T = decltype(tag);
     multi_tensor_apply<1>(lists, stream, ScaleFunctor<T>{}, scale);
   });

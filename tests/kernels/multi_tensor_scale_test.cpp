@@ -143,7 +143,7 @@ TEST(MultiTensorScaleTest, RejectsUndefinedTensor) {
 
 TEST(MultiTensorScaleTest, RejectsMixedDevices) {
   LTA_REQUIRE_CUDA();
-  expect_error({torch::ones({2}), torch::ones({2}, torch::kCUDA)}, "tensors[1] is on cuda:0 but tensors[0] is on cpu");
+  expect_error({torch::ones({2}), torch::ones({2}, torch::kCUDA)}, "tensors[1] is on cuda:0 but the call runs on cpu");
 }
 
 }  // namespace
