@@ -12,27 +12,7 @@
 #include <kernels/multi_tensor_scale.h>
 
 #include "common/timing.h"
-
-namespace {
-
-struct Workload {
-  std::string name;
-  std::vector<int64_t> sizes;
-};
-
-std::vector<Workload> workloads(bool full) {
-  Workload large{"large", {}};
-  Workload small{"many-small", {}};
-  const int64_t large_count = full ? 64 : 8;
-  const int64_t large_elements = full ? (int64_t{1} << 22) : (int64_t{1} << 20);  // full: 64 x 16 MiB fp32 = 1 GiB
-  for (int64_t i = 0; i < large_count; ++i) large.sizes.push_back(large_elements);
-  const int64_t small_count = full ? 5000 : 2000;
-  const int64_t small_max_kib = full ? 64 : 8;
-  for (int64_t i = 0; i < small_count; ++i) small.sizes.push_back(1024 * (1 + (i * 7919) % small_max_kib));
-  return {large, small};
-}
-
-}  // namespace
+#include "common/workloads.h"
 
 int main(int argc, char** argv) {
   bool full = false;
@@ -50,14 +30,11 @@ int main(int argc, char** argv) {
   fmt::print("multi_tensor_scale on {} ({} mode, {} rounds, median)\n", device.str(), full ? "full" : "quick", rounds);
   fmt::print("{:<11} {:<9} {:>8} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "workload", "dtype", "tensors", "ours GB/s",
              "foreach GB/s", "loop GB/s", "x foreach", "x loop");
-  for (const Workload& w : workloads(full)) {
+  for (const bench::Workload& w : bench::standard_workloads(full)) {
     for (auto dtype : {torch::kFloat32, torch::kHalf, torch::kBFloat16}) {
-      std::vector<torch::Tensor> list;
       int64_t bytes = 0;
-      for (int64_t n : w.sizes) {
-        list.push_back(torch::randn({n}, torch::TensorOptions().dtype(dtype).device(device)));
-        bytes += 2 * n * static_cast<int64_t>(list.back().element_size());
-      }
+      std::vector<torch::Tensor> list = bench::make_list(w.sizes, dtype, device, &bytes);
+      bytes *= 2;  // read + write
       // Scaling by 1.0 keeps the values stable across many rounds; the work is the same for any scale.
       std::vector<bench::Contender> contenders = {{"ours", [&] { kernels::multi_tensor_scale_(list, 1.0); }, {}},
                                                   {"foreach", [&] { at::_foreach_mul_(list, 1.0); }, {}},

@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <kernels/pointer_lists.h>  // kNoNonFiniteIndex
+
 namespace kernels {
 
 // Note [first non-finite index]

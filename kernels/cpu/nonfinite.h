@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <kernels/cpu/chunks.h>
