@@ -1,0 +1,82 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+
+#include <amp/loss_scaler.h>
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace amp {
+
+/// Options of amp::GradScaler. Defaults are torch.amp.GradScaler's, plus a floor and a ceiling
+/// (LossScaleDefaults): set min_scale tiny and max_scale to +inf for torch.amp's unbounded behaviour.
+struct GradScalerOptions {
+  TORCH_ARG(double, init_scale) = LossScaleDefaults::kInitScale;
+  TORCH_ARG(double, growth_factor) = LossScaleDefaults::kGrowthFactor;
+  TORCH_ARG(double, backoff_factor) = LossScaleDefaults::kBackoffFactor;
+  TORCH_ARG(int64_t, growth_interval) = LossScaleDefaults::kGrowthInterval;
+  TORCH_ARG(int64_t, hysteresis) = LossScaleDefaults::kHysteresis;
+  TORCH_ARG(double, min_scale) = LossScaleDefaults::kMinScale;
+  TORCH_ARG(double, max_scale) = LossScaleDefaults::kMaxScale;
+  /// false: scale() returns the loss unchanged, step() just steps, update() does nothing.
+  TORCH_ARG(bool, enabled) = true;
+};
+
+/// torch.amp.GradScaler for LibTorch, for code that wants loss scaling without opt levels:
+///
+///   amp::GradScaler scaler;
+///   scaler.scale(loss).backward();
+///   scaler.unscale_(optimizer);            // optional, e.g. before clipping
+///   scaler.step(optimizer);                // skips the step if a gradient is inf/NaN
+///   scaler.update();
+///
+/// State lives on the loss's device (created at the first scale()). The only host synchronization is the one
+/// step() needs to decide whether to call a plain torch::optim optimizer, as in torch.amp; amp's fused
+/// optimizers skip on device instead. Options are validated at construction.
+class GradScaler {
+ public:
+  /// With `device`, the state is created at once (needed to load() a checkpoint before the first scale()).
+  explicit GradScaler(GradScalerOptions options = {}, std::optional<c10::Device> device = std::nullopt);
+
+  /// loss * scale in fp32 (the loss itself when disabled). Creates the scaler state on loss.device().
+  at::Tensor scale(const at::Tensor& loss);
+  /// Divides the gradients of `optimizer`'s parameters by the scale in place and records overflow for it.
+  /// Once per optimizer between update()s; throws on a second call.
+  void unscale_(torch::optim::Optimizer& optimizer);
+  /// Unscales if not yet done, then calls optimizer.step() unless a gradient was inf/NaN. Returns whether it
+  /// stepped. Reads the overflow flag on the host (one sync per call). Once per optimizer between update()s.
+  bool step(torch::optim::Optimizer& optimizer);
+  /// Ends the iteration: overflow from every optimizer unscaled since the last update moves the scale.
+  void update();
+
+  /// The current scale (a host sync). 1.0 when disabled.
+  double get_scale();
+  bool is_enabled() const { return options_.enabled(); }
+  /// The underlying device state; nullptr before the first scale().
+  LossScaler* loss_scaler() { return scaler_.get(); }
+
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  enum class Stage { kReady, kUnscaled, kStepped };
+  struct PerOptimizer {
+    Stage stage = Stage::kReady;
+    at::Tensor found_inf;
+  };
+  LossScaler& require_scaler(const char* caller);
+  PerOptimizer& per_optimizer(torch::optim::Optimizer& optimizer);
+
+  GradScalerOptions options_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::map<const torch::optim::Optimizer*, PerOptimizer> optimizers_;
+};
+
+}  // namespace amp

@@ -1,0 +1,99 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/ArrayRef.h>
+
+#include <amp/options.h>
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
+
+namespace amp {
+
+/// Settings of one loss scaler (see Options and Note [loss-scale state machine] in kernels/loss_scale_rule.h).
+struct LossScalerConfig {
+  bool dynamic = true;
+  double static_scale = 1.0;  // the scale when !dynamic
+  double init_scale = LossScaleDefaults::kInitScale;
+  double growth_factor = LossScaleDefaults::kGrowthFactor;
+  double backoff_factor = LossScaleDefaults::kBackoffFactor;
+  int64_t growth_interval = LossScaleDefaults::kGrowthInterval;
+  int64_t hysteresis = LossScaleDefaults::kHysteresis;
+  double min_scale = LossScaleDefaults::kMinScale;
+  double max_scale = LossScaleDefaults::kMaxScale;
+
+  static LossScalerConfig from(const Options::Resolved& options);
+};
+
+/// What a scaler knew at its last completed snapshot (see LossScaler::diagnostics).
+struct ScalerDiagnostics {
+  int64_t step = -1;                   // the update() this snapshot was taken at (-1: none yet)
+  double scale = 0.0;                  // the scale after that update
+  bool found_inf = false;              // whether that step overflowed
+  int64_t first_nonfinite_index = -1;  // index of the first tensor with a non-finite gradient, -1 if none
+  int64_t skipped_steps = 0;           // overflowing steps so far
+};
+
+/// One loss's scale and overflow state, all on one device, updated without host synchronization.
+///
+/// Per step: begin_step() zeroes the overflow flag; scale_loss() multiplies the loss by the scale;
+/// unscale_and_check() divides gradients by it in place (fused kernel) and raises the flag on any inf/NaN;
+/// update() moves the scale (dynamic scaling), counts a skipped step and starts an asynchronous copy of the
+/// state to pinned host memory, which diagnostics() reads later without stalling the device.
+class LossScaler {
+ public:
+  LossScaler(const LossScalerConfig& config, const c10::Device& device);
+
+  /// loss (any floating dtype, on this scaler's device) * scale, in fp32. No host sync.
+  at::Tensor scale_loss(const at::Tensor& loss) const;
+  /// Zeroes found_inf and the first-non-finite index for a new step.
+  void begin_step();
+  /// In place g *= 1/scale over `grads`; raises found_inf on any non-finite value and records the index
+  /// (index_offset + position) of the first tensor holding one. No host sync.
+  void unscale_and_check(at::TensorList grads, int64_t index_offset = 0);
+  /// Ends the step: dynamic scaling moves the scale; skipped_steps += found_inf; snapshot for diagnostics.
+  void update();
+
+  /// Device tensors (1 element each) for fused consumers: fp32 scale, fp32 1/scale, fp32 found_inf flag,
+  /// int32 first non-finite index (kernels::kNoNonFiniteIndex when none).
+  const at::Tensor& scale() const { return scale_; }
+  const at::Tensor& inv_scale() const { return inv_scale_; }
+  const at::Tensor& found_inf() const { return found_inf_; }
+  const at::Tensor& first_nonfinite_index() const { return first_index_; }
+  const c10::Device& device() const { return device_; }
+  const LossScalerConfig& config() const { return config_; }
+
+  /// The newest snapshot whose copy has completed: on CUDA usually the previous step's; never blocks.
+  ScalerDiagnostics diagnostics();
+  /// Blocks until the latest snapshot is available and returns it (a host sync: not for the step path).
+  ScalerDiagnostics diagnostics_now();
+
+  /// Saves / restores scale, trackers and counters (bit for bit). load() checks the config matches and leaves
+  /// this scaler unchanged when the archive is incomplete or from a different config.
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  void take_snapshot();
+  ScalerDiagnostics read_snapshot(const at::Tensor& host) const;
+
+  LossScalerConfig config_;
+  c10::Device device_;
+  at::Tensor scale_, inv_scale_, growth_tracker_, hysteresis_tracker_, found_inf_, first_index_;
+  at::Tensor skipped_steps_;  // fp64 counter on device
+  int64_t steps_ = 0;
+  // Double-buffered pinned snapshots [step, scale, found_inf, first_index, skipped] with completion events.
+  struct Snapshot;
+  std::vector<std::shared_ptr<Snapshot>> snapshots_;
+  int64_t snapshot_slot_ = 0;
+  ScalerDiagnostics last_read_;
+};
+
+}  // namespace amp
