@@ -30,7 +30,7 @@ LossScalerConfig LossScalerConfig::from(const Options::Resolved& o) {
 namespace {
 
 // Snapshot layout (fp64 on host): what update() copies back asynchronously.
-enum SnapshotField : int64_t { kScale = 0, kFoundInf, kFirstIndex, kSkipped, kNumFields };
+enum SnapshotField : int64_t { kScale = 0, kFoundInf, kFirstIndex, kSkipped, kFloorOverflows, kNumFields };
 constexpr int kSnapshotSlots = 2;
 
 /// The config as a tensor, saved with the state so a checkpoint from other settings is refused.
@@ -63,6 +63,7 @@ LossScaler::LossScaler(const LossScalerConfig& config, const c10::Device& device
   found_inf_ = at::zeros({1}, f32);
   first_index_ = at::full({1}, kernels::kNoNonFiniteIndex, i32);
   skipped_steps_ = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  floor_overflows_ = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (int i = 0; i < kSnapshotSlots; ++i) {
     auto s = std::make_shared<Snapshot>();
     s->host = at::zeros({kNumFields}, at::TensorOptions().dtype(at::kDouble).pinned_memory(device.is_cuda()));
@@ -96,6 +97,9 @@ void LossScaler::update() {
     inv_scale_.copy_(scale_.to(at::kDouble).reciprocal());
   }
   skipped_steps_.add_(found_inf_);
+  // Consecutive overflows with the scale pinned at its floor (a static scale is always "at its floor").
+  const at::Tensor stalled = config_.dynamic ? found_inf_ * scale_.le(config_.min_scale) : found_inf_;
+  floor_overflows_.add_(1.0).mul_(stalled);
   ++steps_;
   take_snapshot();
 }
@@ -123,6 +127,7 @@ ScalerDiagnostics LossScaler::read_snapshot(const at::Tensor& host) const {
   d.found_inf = v[kFoundInf] != 0.0;
   d.first_nonfinite_index = v[kFirstIndex] >= kernels::kNoNonFiniteIndex ? -1 : static_cast<int64_t>(v[kFirstIndex]);
   d.skipped_steps = static_cast<int64_t>(v[kSkipped]);
+  d.floor_overflows = static_cast<int64_t>(v[kFloorOverflows]);
   return d;
 }
 
@@ -149,6 +154,7 @@ void LossScaler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("growth_tracker", growth_tracker_.cpu());
   archive.write("hysteresis_tracker", hysteresis_tracker_.cpu());
   archive.write("skipped_steps", skipped_steps_.cpu());
+  archive.write("floor_overflows", floor_overflows_.cpu());
   archive.write("steps", at::tensor(steps_, at::kLong));
 }
 
@@ -176,6 +182,7 @@ void LossScaler::load(torch::serialize::InputArchive& archive) {
   growth_tracker_.copy_(growth);
   hysteresis_tracker_.copy_(hysteresis);
   skipped_steps_.copy_(skipped);
+  floor_overflows_.copy_(floor);
   steps_ = steps.item<int64_t>();
 }
 

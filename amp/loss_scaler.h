@@ -69,6 +69,8 @@ class LossScaler {
   const at::Tensor& first_nonfinite_index() const { return first_index_; }
   const c10::Device& device() const { return device_; }
   const LossScalerConfig& config() const { return config_; }
+  /// Number of update() calls so far: the `step` a snapshot taken by the latest update() will carry.
+  int64_t diagnostics_step() const { return steps_; }
 
   /// The newest snapshot whose copy has completed: on CUDA usually the previous step's; never blocks.
   ScalerDiagnostics diagnostics();
@@ -87,7 +89,8 @@ class LossScaler {
   LossScalerConfig config_;
   c10::Device device_;
   at::Tensor scale_, inv_scale_, growth_tracker_, hysteresis_tracker_, found_inf_, first_index_;
-  at::Tensor skipped_steps_;  // fp64 counter on device
+  at::Tensor skipped_steps_;    // fp64 counter on device
+  at::Tensor floor_overflows_;  // fp64 counter on device
   int64_t steps_ = 0;
   // Double-buffered pinned snapshots [step, scale, found_inf, first_index, skipped] with completion events.
   struct Snapshot;

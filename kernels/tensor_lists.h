@@ -84,6 +84,23 @@ void apply_index_offset(std::vector<PointerLists<kDepth>>& groups, int64_t offse
   }
 }
 
+/// Replaces every original index i of `groups` by indices[i] (callers whose list positions are not the
+/// indices they want recorded). Throws when `indices` does not have one entry per tensor or one is out of range.
+template <int kDepth>
+void apply_explicit_indices(std::vector<PointerLists<kDepth>>& groups, c10::ArrayRef<int64_t> indices,
+                            size_t list_size) {
+  TORCH_CHECK(indices.size() == list_size, "indices has ", indices.size(), " entries but the list has ", list_size,
+              " tensors");
+  for (auto& group : groups) {
+    for (auto& index : group.original_index) {
+      const int64_t mapped = indices[index];
+      TORCH_CHECK(mapped >= 0 && mapped < kNoNonFiniteIndex, "indices[", index, "] = ", mapped,
+                  " is outside [0, 2^31 - 1)");
+      index = mapped;
+    }
+  }
+}
+
 /// Single-list form of group_lists.
 std::vector<PointerLists<1>> group_by_dtype(at::TensorList list, const char* name, const c10::Device& device);
 

@@ -30,4 +30,9 @@ namespace kernels {
 void unscale_and_check_(at::TensorList grads, const at::Tensor& inv_scale, const at::Tensor& found_inf,
                         const at::Tensor& first_nonfinite_index = {}, int64_t index_offset = 0);
 
+/// The same, recording indices[i] (instead of index_offset + i) for grads[i]: for callers whose tensors are
+/// not consecutive in the index space they report in. indices.size() must equal grads.size().
+void unscale_and_check_(at::TensorList grads, const at::Tensor& inv_scale, const at::Tensor& found_inf,
+                        const at::Tensor& first_nonfinite_index, c10::ArrayRef<int64_t> indices);
+
 }  // namespace kernels

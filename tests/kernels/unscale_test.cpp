@@ -183,3 +183,21 @@ TEST(UnscaleTest, FoundInfOnAnotherDeviceIsRejected) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(UnscaleTest, ExplicitIndicesAreRecordedInsteadOfPositions) {
+  ScalerState state(torch::kCPU);
+  std::vector<torch::Tensor> grads = {torch::ones({3}), torch::tensor({1.0f, kInf}), torch::tensor({kInf})};
+  kernels::unscale_and_check_(grads, state.inv_scale, state.found_inf, state.first_index,
+                              std::vector<int64_t>{40, 17, 30});
+  EXPECT_EQ(state.first(), 17) << "smallest recorded index among the tensors with a non-finite value";
+  try {
+    kernels::unscale_and_check_(grads, state.inv_scale, state.found_inf, state.first_index, std::vector<int64_t>{1, 2});
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("indices has 2 entries but the list has 3 tensors"), std::string::npos);
+  }
+}
+
+}  // namespace

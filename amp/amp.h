@@ -1,0 +1,181 @@
+#pragma once
+
+// amp::initialize, amp::scale_loss and friends: Apex's mixed-precision recipe for LibTorch.
+//
+//   auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O2));
+//   for (...) {
+//     optimizer.zero_grad();
+//     auto loss = criterion(model(x), y);
+//     {
+//       auto scaled = amp::scale_loss(loss, optimizer);
+//       scaled.backward();
+//     }                      // gradients unscaled and checked, loss scale updated
+//     optimizer.step();      // skipped when a gradient overflowed
+//   }
+//
+// See docs/opt_levels.md for what each level does and docs/checkpointing.md for saving and resuming.
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <amp/options.h>
+#include <amp/state.h>
+
+namespace amp {
+
+/// The model amp::initialize returns: calls the wrapped module's forward under the opt level's policy (O1:
+/// autocast; O2/O3: floating inputs cast to half) and returns floating outputs as fp32. `->` reaches the module.
+template <typename ModuleHolder>
+class Model {
+ public:
+  Model(ModuleHolder module, std::shared_ptr<detail::State> state)
+      : module_(std::move(module)), state_(std::move(state)) {}
+
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    return state_->forward_policy().run([this](auto&&... a) { return module_->forward(std::forward<decltype(a)>(a)...); },
+                                        std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+  auto operator->() { return module_.operator->(); }
+  ModuleHolder& module() { return module_; }
+
+  /// Saves the model's parameters and buffers with fp32 values (the masters where they exist).
+  void save(torch::serialize::OutputArchive& archive) const { state_->save_model(archive); }
+  /// Loads what save() wrote (into masters and model tensors); checks names and shapes before changing anything.
+  void load(torch::serialize::InputArchive& archive) { state_->load_model(archive); }
+
+ private:
+  ModuleHolder module_;
+  std::shared_ptr<detail::State> state_;
+};
+
+/// The optimizer amp::initialize returns: steps the user's optimizer unless this step's gradients overflowed.
+/// With one of amp's fused optimizers the decision is made on the device (no host sync); with a plain
+/// torch::optim optimizer step() reads one flag on the host, the same price torch.amp pays.
+class Optimizer {
+ public:
+  explicit Optimizer(std::shared_ptr<detail::State> state) : state_(std::move(state)) {}
+
+  /// Steps (or skips), refreshes half model parameters from their fp32 masters, and checks the lazily read
+  /// diagnostics: rate-limited overflow log lines, and an error naming the parameter when the scale has sat at
+  /// its floor while overflowing for max_overflows_at_floor steps. Returns the inner step's result (undefined
+  /// when skipped or fused).
+  at::Tensor step() { return state_->step(); }
+  /// Clears model and master gradients (set to undefined, as set_to_none=True).
+  void zero_grad() { state_->zero_grad(); }
+  torch::optim::Optimizer& inner() { return state_->optimizer(); }
+  /// The loss scaler of `loss_id` (scale, diagnostics, device tensors).
+  LossScaler& scaler(int64_t loss_id = 0) { return state_->scaler(loss_id); }
+  /// Gradients the optimizer reads (the fp32 masters' under master weights): what clipping must act on.
+  std::vector<at::Tensor> gradients() const { return state_->optimizer_grads(); }
+  /// The overflow flag of the current step (1-element fp32 on the device), e.g. for fused consumers.
+  const at::Tensor& found_inf() const { return state_->step_found_inf(); }
+  /// Where overflow report lines go (default: stderr). Called at most once per 100 steps per loss.
+  void set_overflow_logger(std::function<void(const std::string&)> logger) {
+    state_->set_overflow_logger(std::move(logger));
+  }
+  /// Name of the parameter a scaler diagnostic points at (see ScalerDiagnostics::first_nonfinite_index).
+  std::string parameter_name(int64_t loss_id, const ScalerDiagnostics& diagnostics) const {
+    return state_->param_name(loss_id, diagnostics.step, diagnostics.first_nonfinite_index);
+  }
+
+  /// Saves / loads amp's own state (options and every loss scaler). load() refuses a checkpoint written with
+  /// other options and changes nothing on any error.
+  void save_amp_state(torch::serialize::OutputArchive& archive) const { state_->save(archive); }
+  void load_amp_state(torch::serialize::InputArchive& archive) { state_->load(archive); }
+
+  detail::State& state() { return *state_; }
+  const std::shared_ptr<detail::State>& state_ptr() const { return state_; }
+
+ private:
+  std::shared_ptr<detail::State> state_;
+};
+
+template <typename ModuleHolder>
+struct Initialized {
+  Model<ModuleHolder> model;
+  Optimizer optimizer;
+};
+
+/// Prepares `module` and `optimizer` for mixed precision per `options`: checks the model (fp32 parameters on
+/// one device, not already wrapped for data parallel) and the optimizer (its parameters belong to the model,
+/// not initialized before), casts the model (O2/O3), creates fp32 master weights and points the optimizer at
+/// them (O2), and creates num_losses loss scalers on the model's device. Errors name the offending parameter.
+/// The optimizer must outlive the returned objects.
+template <typename ModuleHolder>
+Initialized<ModuleHolder> initialize(ModuleHolder module, torch::optim::Optimizer& optimizer,
+                                     const Options& options = Options()) {
+  auto state = std::make_shared<detail::State>(*module.ptr(), optimizer, options);
+  return {Model<ModuleHolder>(std::move(module), state), Optimizer(state)};
+}
+
+/// The loss scaled for backward (Apex's `with amp.scale_loss(loss, optimizer) as scaled_loss`). When it goes
+/// out of scope after backward(), the gradients are unscaled and checked (into the fp32 masters' gradients
+/// under master weights), and the loss scale is updated; the next optimizer.step() skips on overflow.
+/// delay_unscale=true leaves the gradients scaled so several backward passes accumulate them (the scale does
+/// not move meanwhile); the last one of the accumulation uses false. If an exception leaves the scope, nothing
+/// is unscaled.
+class ScaledLoss {
+ public:
+  ScaledLoss(Optimizer& optimizer, const at::Tensor& loss, int64_t loss_id, bool delay_unscale);
+  ~ScaledLoss() noexcept(false);
+  ScaledLoss(ScaledLoss&& other) noexcept;
+  ScaledLoss(const ScaledLoss&) = delete;
+  ScaledLoss& operator=(const ScaledLoss&) = delete;
+  ScaledLoss& operator=(ScaledLoss&&) = delete;
+
+  /// scaled.backward(): backpropagates the scaled loss.
+  void backward(bool retain_graph = false);
+  /// The scaled loss tensor (fp32).
+  const at::Tensor& tensor() const { return scaled_; }
+
+ private:
+  std::shared_ptr<detail::State> state_;
+  at::Tensor scaled_;
+  int64_t loss_id_;
+  bool delay_unscale_;
+  int uncaught_at_start_;
+  bool active_ = true;
+};
+
+/// `auto scaled = amp::scale_loss(loss, optimizer [, loss_id] [, delay_unscale]); scaled.backward();`
+ScaledLoss scale_loss(const at::Tensor& loss, Optimizer& optimizer, int64_t loss_id = 0, bool delay_unscale = false);
+
+/// Clips the gradients `optimizer` will apply (unscaled: call after the scale_loss scope) to a total L2 norm of
+/// max_norm, on the device with no host sync; a non-finite norm leaves them untouched and marks the step as
+/// overflowed so it is skipped. Returns the total norm (1-element fp32 device tensor).
+at::Tensor clip_grad_norm_(Optimizer& optimizer, double max_norm);
+
+/// Saves model (fp32 values), optimizer and amp state into one file (Apex's checkpoint recipe).
+template <typename ModuleHolder>
+void save_checkpoint(const std::string& path, const Model<ModuleHolder>& model, Optimizer& optimizer);
+/// Restores what save_checkpoint wrote, after initialize() with the same options. Reads and checks all three
+/// parts before changing anything: a corrupted file or one from other options is an error that leaves model,
+/// optimizer and scalers as they were.
+template <typename ModuleHolder>
+void load_checkpoint(const std::string& path, Model<ModuleHolder>& model, Optimizer& optimizer);
+
+namespace detail {
+void save_checkpoint(const std::string& path, State& state);
+void load_checkpoint(const std::string& path, State& state);
+}  // namespace detail
+
+template <typename ModuleHolder>
+void save_checkpoint(const std::string& path, const Model<ModuleHolder>&, Optimizer& optimizer) {
+  detail::save_checkpoint(path, optimizer.state());
+}
+template <typename ModuleHolder>
+void load_checkpoint(const std::string& path, Model<ModuleHolder>&, Optimizer& optimizer) {
+  detail::load_checkpoint(path, optimizer.state());
+}
+
+}  // namespace amp

@@ -1,0 +1,53 @@
+#pragma once
+
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
+
+#include <amp/autocast.h>
+
+namespace amp {
+
+/// What amp::Model does around the wrapped module's forward, decided by the resolved options: Apex patched
+/// forward in Python; in C++ the wrapper does it. O1 opens an autocast scope; O2/O3 cast floating inputs to
+/// the model's half dtype; every opt level returns floating outputs in fp32.
+struct ForwardPolicy {
+  bool autocast = false;
+  bool cast_inputs = false;
+  c10::ScalarType half_dtype = c10::ScalarType::Half;
+  c10::DeviceType device_type = c10::DeviceType::CPU;
+
+  template <typename T>
+  decltype(auto) input(T&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      if (cast_inputs && arg.defined() && arg.is_floating_point()) return at::Tensor(arg.to(half_dtype));
+      return at::Tensor(std::forward<T>(arg));
+    } else {
+      return std::forward<T>(arg);
+    }
+  }
+
+  template <typename T>
+  static T output(T&& result) {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      if (result.defined() && result.is_floating_point() && result.scalar_type() != at::kFloat) {
+        return result.to(at::kFloat);
+      }
+    }
+    return std::forward<T>(result);
+  }
+
+  /// Calls f(cast args...) under the policy and returns its result with floating outputs in fp32.
+  template <typename F, typename... Args>
+  auto run(F&& f, Args&&... args) const {
+    std::optional<AutocastScope> scope;
+    if (autocast) scope.emplace(device_type, half_dtype);
+    return output(f(input(std::forward<Args>(args))...));
+  }
+};
+
+}  // namespace amp

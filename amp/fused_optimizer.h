@@ -1,0 +1,20 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+namespace amp {
+
+/// Implemented by amp's fused optimizers (amp/fused_optimizers.h). amp::Optimizer::step() hands them the
+/// overflow flag instead of reading it on the host, so a whole AMP step runs without a host sync, and with
+/// master weights they refresh the half model parameters in the same pass that updates the fp32 masters.
+class FusedOptimizer {
+ public:
+  virtual ~FusedOptimizer() = default;
+  /// One optimizer step over the held parameters (fp32 masters under master weights) that leaves everything
+  /// bit-identical when found_inf (1-element fp32 on the parameters' device) is nonzero. model_params is empty,
+  /// or one tensor per held parameter (in param-group order) receiving the updated value rounded to its dtype.
+  virtual void fused_step(at::TensorList model_params, const at::Tensor& found_inf) = 0;
+};
+
+}  // namespace amp

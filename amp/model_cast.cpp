@@ -1,0 +1,31 @@
+#include <amp/model_cast.h>
+
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/normalization.h>
+
+namespace amp {
+
+bool is_batch_norm(const torch::nn::Module& module) {
+  return module.as<torch::nn::BatchNorm1d>() != nullptr || module.as<torch::nn::BatchNorm2d>() != nullptr ||
+         module.as<torch::nn::BatchNorm3d>() != nullptr;
+}
+
+bool is_layer_or_group_norm(const torch::nn::Module& module) {
+  return module.as<torch::nn::LayerNorm>() != nullptr || module.as<torch::nn::GroupNorm>() != nullptr;
+}
+
+void cast_model_(torch::nn::Module& module, c10::ScalarType dtype, bool keep_batchnorm_fp32, bool keep_layernorm_fp32) {
+  if ((keep_batchnorm_fp32 && is_batch_norm(module)) || (keep_layernorm_fp32 && is_layer_or_group_norm(module))) {
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.named_parameters(/*recurse=*/false)) {
+    if (p.value().is_floating_point()) p.value().set_data(p.value().data().to(dtype));
+  }
+  for (auto& b : module.named_buffers(/*recurse=*/false)) {
+    if (b.value().is_floating_point()) b.value().set_data(b.value().data().to(dtype));
+  }
+  for (auto& child : module.children()) cast_model_(*child, dtype, keep_batchnorm_fp32, keep_layernorm_fp32);
+}
+
+}  // namespace amp

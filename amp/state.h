@@ -1,0 +1,107 @@
+#pragma once
+
+// The state amp::initialize creates and that amp::Model, amp::Optimizer and amp::ScaledLoss share.
+// Internal: users go through amp/amp.h.
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <amp/forward_policy.h>
+#include <amp/loss_scaler.h>
+#include <amp/options.h>
+
+namespace amp {
+
+class FusedOptimizer;
+
+namespace detail {
+
+/// One parameter the optimizer updates: the model's tensor (where autograd writes the gradient) and the
+/// tensor the optimizer holds (its fp32 master, or the model tensor itself when it needs no master).
+struct ParamSlot {
+  std::string name;
+  at::Tensor model;
+  at::Tensor master;
+  bool has_master = false;
+};
+
+class State {
+ public:
+  State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const Options& options);
+  ~State();
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  const Options& options() const { return options_; }
+  const Options::Resolved& policy() const { return policy_; }
+  const ForwardPolicy& forward_policy() const { return forward_; }
+  const c10::Device& device() const { return device_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  torch::nn::Module& module() { return *module_; }
+  LossScaler& scaler(int64_t loss_id);
+  const std::vector<ParamSlot>& slots() const { return slots_; }
+
+  // The scale_loss protocol (see ScaledLoss).
+  at::Tensor begin_loss(const at::Tensor& loss, int64_t loss_id, bool delay_unscale);
+  void end_loss(int64_t loss_id, bool delay_unscale);
+
+  // The step protocol (see amp::Optimizer).
+  at::Tensor step();
+  void zero_grad();
+  /// Gradients the optimizer will read (master grads where masters exist), for clipping.
+  std::vector<at::Tensor> optimizer_grads() const;
+  const at::Tensor& step_found_inf() const { return step_found_inf_; }
+
+  /// Name of the parameter whose gradient a scaler recorded at `position` during its update `scaler_step`
+  /// (see ScalerDiagnostics), or "<none>" for position -1.
+  std::string param_name(int64_t loss_id, int64_t scaler_step, int64_t position) const;
+  void set_overflow_logger(std::function<void(const std::string&)> logger) { logger_ = std::move(logger); }
+
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  /// Writes the model's state with fp32 values (masters where they exist), like Apex's model.state_dict().
+  void save_model(torch::serialize::OutputArchive& archive) const;
+  /// Reads a model state saved by save_model (or any fp32 state with the same names and shapes) into masters
+  /// and model tensors. Checks everything before changing anything.
+  void load_model(torch::serialize::InputArchive& archive);
+  /// The checked (destination, value) copies load_model would make, without making them.
+  std::vector<std::pair<at::Tensor, at::Tensor>> prepare_model_load(torch::serialize::InputArchive& archive);
+  /// Checks that load() would succeed, without changing anything.
+  void validate_amp_state(torch::serialize::InputArchive& archive);
+
+ private:
+  void create_master_weights();
+  void check_diagnostics();
+  void remember_index_map(int64_t loss_id, int64_t scaler_step, std::vector<int64_t> map);
+
+  Options options_;
+  Options::Resolved policy_;
+  ForwardPolicy forward_;
+  c10::Device device_;
+  torch::nn::Module* module_;
+  torch::optim::Optimizer* optimizer_;
+  FusedOptimizer* fused_;  // the optimizer, when it is one of amp's fused optimizers
+  std::vector<std::unique_ptr<LossScaler>> scalers_;
+  std::vector<ParamSlot> slots_;
+  std::vector<at::Tensor> stash_;  // unscaled grads of direct (masterless) params, kept across losses
+  at::Tensor step_found_inf_;
+  bool grads_scaled_ = false;       // a delay_unscale backward left scaled gradients behind
+  int64_t scaled_loss_id_ = -1;     // the loss whose scale those gradients carry
+  bool unscaled_this_step_ = false;
+  int64_t steps_ = 0;
+  std::vector<int64_t> last_logged_step_;
+  std::vector<int64_t> overflows_since_log_;
+  // Per loss: (scaler step, position -> slot) of the last few unscales, to name a recorded position.
+  std::vector<std::deque<std::pair<int64_t, std::vector<int64_t>>>> index_maps_;
+  std::function<void(const std::string&)> logger_;
+};
+
+}  // namespace detail
+}  // namespace amp
