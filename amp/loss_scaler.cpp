@@ -107,8 +107,8 @@ void LossScaler::update() {
 void LossScaler::take_snapshot() {
   auto& slot = *snapshots_[snapshot_slot_];
   snapshot_slot_ = (snapshot_slot_ + 1) % kSnapshotSlots;
-  const at::Tensor staged =
-      at::cat({scale_.to(at::kDouble), found_inf_.to(at::kDouble), first_index_.to(at::kDouble), skipped_steps_});
+  const at::Tensor staged = at::cat({scale_.to(at::kDouble), found_inf_.to(at::kDouble), first_index_.to(at::kDouble),
+                                     skipped_steps_, floor_overflows_});
   slot.step = steps_;
   if (device_.is_cpu()) {
     slot.host.copy_(staged);
@@ -160,10 +160,14 @@ void LossScaler::save(torch::serialize::OutputArchive& archive) const {
 
 void LossScaler::load(torch::serialize::InputArchive& archive) {
   // Read everything first; change nothing unless all of it is present and matches.
-  at::Tensor config, scale, growth, hysteresis, skipped, steps;
-  const std::pair<const char*, at::Tensor*> fields[] = {
-      {"config", &config},         {"scale", &scale}, {"growth_tracker", &growth}, {"hysteresis_tracker", &hysteresis},
-      {"skipped_steps", &skipped}, {"steps", &steps}};
+  at::Tensor config, scale, growth, hysteresis, skipped, floor, steps;
+  const std::pair<const char*, at::Tensor*> fields[] = {{"config", &config},
+                                                        {"scale", &scale},
+                                                        {"growth_tracker", &growth},
+                                                        {"hysteresis_tracker", &hysteresis},
+                                                        {"skipped_steps", &skipped},
+                                                        {"floor_overflows", &floor},
+                                                        {"steps", &steps}};
   for (const auto& [key, out] : fields) {
     TORCH_CHECK(archive.try_read(key, *out), "loss scaler checkpoint is missing '", key, "'");
   }
