@@ -38,8 +38,8 @@ class Model {
 
   template <typename... Args>
   auto forward(Args&&... args) {
-    return state_->forward_policy().run([this](auto&&... a) { return module_->forward(std::forward<decltype(a)>(a)...); },
-                                        std::forward<Args>(args)...);
+    return state_->forward_policy().run(
+        [this](auto&&... a) { return module_->forward(std::forward<decltype(a)>(a)...); }, std::forward<Args>(args)...);
   }
   template <typename... Args>
   auto operator()(Args&&... args) {
@@ -85,7 +85,8 @@ class Optimizer {
   }
   /// Name of the parameter a scaler diagnostic points at (see ScalerDiagnostics::first_nonfinite_index).
   std::string parameter_name(int64_t loss_id, const ScalerDiagnostics& diagnostics) const {
-    return state_->param_name(loss_id, diagnostics.step, diagnostics.first_nonfinite_index);
+    (void)loss_id;
+    return state_->param_name(diagnostics.first_nonfinite_index);
   }
 
   /// Saves / loads amp's own state (options and every loss scaler). load() refuses a checkpoint written with

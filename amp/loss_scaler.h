@@ -39,7 +39,7 @@ struct ScalerDiagnostics {
   bool found_inf = false;              // whether that step overflowed
   int64_t first_nonfinite_index = -1;  // index of the first tensor with a non-finite gradient, -1 if none
   int64_t skipped_steps = 0;           // overflowing steps so far
-  int64_t floor_overflows = 0;  // consecutive overflowing steps with the scale at its floor (static: any)
+  int64_t floor_overflows = 0;         // consecutive overflowing steps with the scale at its floor (static: any)
 };
 
 /// One loss's scale and overflow state, all on one device, updated without host synchronization.

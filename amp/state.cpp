@@ -14,6 +14,7 @@
 #include <amp/fused_optimizer.h>
 #include <amp/model_cast.h>
 #include <kernels/scaled_copy.h>
+#include <kernels/unscale.h>
 
 namespace amp::detail {
 namespace {
@@ -56,8 +57,8 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
   device_ = named[0].value().device();
   std::unordered_map<const void*, std::string> name_of;
   for (const auto& p : named) {
-    TORCH_CHECK(p.value().scalar_type() == at::kFloat, "amp::initialize needs fp32 parameters on entry, but '",
-                p.key(), "' is ", p.value().scalar_type());
+    TORCH_CHECK(p.value().scalar_type() == at::kFloat, "amp::initialize needs fp32 parameters on entry, but '", p.key(),
+                "' is ", p.value().scalar_type());
     TORCH_CHECK(p.value().device() == device_, "amp::initialize needs all parameters on one device, but '", p.key(),
                 "' is on ", p.value().device(), " and '", named[0].key(), "' on ", device_);
     name_of[p.value().unsafeGetTensorImpl()] = p.key();
@@ -79,10 +80,16 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
                 "amp::initialize was already called with this optimizer: initialize each optimizer once "
                 "(see Note [one amp state per optimizer])");
   }
+  // Masters are taken from the fp32 values before the model is cast, so they start exact (Apex copied them
+  // back from the already rounded half parameters).
+  std::vector<at::Tensor> fp32_values;
+  if (policy_.master_weights) {
+    for (const auto& slot : slots_) fp32_values.push_back(slot.model.detach().clone());
+  }
   if (policy_.cast_model_type != at::kFloat) {
     cast_model_(module, policy_.cast_model_type, policy_.keep_batchnorm_fp32, policy_.keep_layernorm_fp32);
   }
-  if (policy_.master_weights) create_master_weights();
+  if (policy_.master_weights) create_master_weights(fp32_values);
 
   forward_.autocast = policy_.autocast;
   forward_.cast_inputs = policy_.cast_model_type != at::kFloat;
@@ -92,7 +99,6 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
     scalers_.push_back(std::make_unique<LossScaler>(LossScalerConfig::from(policy_), device_));
   }
   last_logged_step_.assign(policy_.num_losses, -kOverflowLogIntervalSteps);
-  index_maps_.resize(policy_.num_losses);
   overflows_since_log_.assign(policy_.num_losses, 0);
   step_found_inf_ = at::zeros({1}, at::TensorOptions().device(device_));
 }
@@ -102,13 +108,14 @@ State::~State() {
   registry().erase(optimizer_);
 }
 
-void State::create_master_weights() {
+void State::create_master_weights(const std::vector<at::Tensor>& fp32_values) {
   // Replace each half parameter the optimizer holds by an fp32 master copy, and re-key any existing optimizer
   // state (torch::optim keys it by TensorImpl*) to the master, converting its tensors to fp32.
   std::unordered_map<const void*, at::Tensor> master_of;
-  for (auto& slot : slots_) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto& slot = slots_[i];
     if (!is_half(slot.model.scalar_type()) || !slot.model.requires_grad()) continue;
-    slot.master = slot.model.detach().to(at::kFloat).requires_grad_(true);
+    slot.master = fp32_values[i].requires_grad_(true);
     slot.has_master = true;
     master_of[slot.model.unsafeGetTensorImpl()] = slot.master;
   }
@@ -167,23 +174,19 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
   LossScaler& s = scaler(loss_id);
   s.begin_step();
   // Two fused calls: masterless gradients are unscaled in place; half gradients are unscaled in fp32 straight
-  // into their masters' gradients. The device records the first non-finite position over [direct..., mastered...];
-  // index_map translates it back to a slot (see param_name).
+  // into their masters' gradients. Both record slot indices, so a recorded index names a parameter.
   std::vector<at::Tensor> direct, model_grads, master_targets, scratch_of;
-  std::vector<int64_t> index_map;
-  std::vector<size_t> mastered;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const auto& slot = slots_[i];
-    if (!slot.model.grad().defined() || slot.has_master) continue;
-    direct.push_back(slot.model.grad());
-    index_map.push_back(static_cast<int64_t>(i));
-  }
+  std::vector<int64_t> direct_index, master_index;
   for (size_t i = 0; i < slots_.size(); ++i) {
     auto& slot = slots_[i];
-    if (!slot.model.grad().defined() || !slot.has_master) continue;
+    if (!slot.model.grad().defined()) continue;
+    if (!slot.has_master) {
+      direct.push_back(slot.model.grad());
+      direct_index.push_back(static_cast<int64_t>(i));
+      continue;
+    }
     model_grads.push_back(slot.model.grad());
-    index_map.push_back(static_cast<int64_t>(i));
-    mastered.push_back(i);
+    master_index.push_back(static_cast<int64_t>(i));
     // A master that already holds a gradient (an earlier loss of this step) gets this loss's share added.
     at::Tensor& master_grad = slot.master.mutable_grad();
     if (master_grad.defined()) {
@@ -195,12 +198,14 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
       master_targets.push_back(master_grad);
     }
   }
-  if (!direct.empty()) s.unscale_and_check(direct, 0);
+  if (!direct.empty()) {
+    kernels::unscale_and_check_(direct, s.inv_scale(), s.found_inf(), s.first_nonfinite_index(), direct_index);
+  }
   if (!model_grads.empty()) {
     kernels::scaled_copy_(model_grads, master_targets, s.inv_scale(), s.found_inf(), s.first_nonfinite_index(),
-                          static_cast<int64_t>(direct.size()));
-    for (size_t k = 0; k < mastered.size(); ++k) {
-      auto& slot = slots_[mastered[k]];
+                          master_index);
+    for (size_t k = 0; k < master_index.size(); ++k) {
+      auto& slot = slots_[master_index[k]];
       if (scratch_of[k].defined()) slot.master.mutable_grad().add_(scratch_of[k]);
       slot.model.mutable_grad() = at::Tensor();  // folded into the master's gradient; frees the half copy
     }
@@ -213,25 +218,14 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
     stash_[i] = at::Tensor();
   }
   s.update();
-  remember_index_map(loss_id, s.diagnostics_step(), std::move(index_map));
   step_found_inf_.add_(s.found_inf());
   grads_scaled_ = false;
   unscaled_this_step_ = true;
 }
 
-void State::remember_index_map(int64_t loss_id, int64_t scaler_step, std::vector<int64_t> map) {
-  auto& maps = index_maps_[loss_id];
-  maps.emplace_back(scaler_step, std::move(map));
-  constexpr size_t kKeep = 4;  // snapshots lag the device by a step or two
-  while (maps.size() > kKeep) maps.pop_front();
-}
-
-std::string State::param_name(int64_t loss_id, int64_t scaler_step, int64_t position) const {
-  if (position < 0) return "<none>";
-  for (const auto& [step, map] : index_maps_[loss_id]) {
-    if (step == scaler_step && position < static_cast<int64_t>(map.size())) return slots_[map[position]].name;
-  }
-  return "<parameter #" + std::to_string(position) + " of the gradients of step " + std::to_string(scaler_step) + ">";
+std::string State::param_name(int64_t index) const {
+  if (index < 0 || index >= static_cast<int64_t>(slots_.size())) return "<none>";
+  return slots_[index].name;
 }
 
 std::vector<at::Tensor> State::optimizer_grads() const {
@@ -244,8 +238,9 @@ std::vector<at::Tensor> State::optimizer_grads() const {
 }
 
 at::Tensor State::step() {
-  TORCH_CHECK(!grads_scaled_, "step() while gradients are still scaled: the last scale_loss used delay_unscale=true; "
-                              "finish the accumulation with delay_unscale=false before stepping");
+  TORCH_CHECK(!grads_scaled_,
+              "step() while gradients are still scaled: the last scale_loss used delay_unscale=true; "
+              "finish the accumulation with delay_unscale=false before stepping");
   at::Tensor result;
   if (fused_ != nullptr) {
     std::vector<at::Tensor> models;
@@ -286,14 +281,13 @@ void State::check_diagnostics() {
     if (policy_.max_overflows_at_floor > 0 && d.floor_overflows >= policy_.max_overflows_at_floor) {
       TORCH_CHECK(false, "amp: loss ", id, " has overflowed for ", d.floor_overflows,
                   " consecutive steps with its loss scale at the floor (", d.scale,
-                  "); the first non-finite gradient is in '", param_name(static_cast<int64_t>(id), d.step, d.first_nonfinite_index),
+                  "); the first non-finite gradient is in '", param_name(d.first_nonfinite_index),
                   "'. Training is diverging: lower the learning rate, check the data, or raise min_loss_scale");
     }
     if (d.step - last_logged_step_[id] >= kOverflowLogIntervalSteps) {
       std::ostringstream line;
       line << "amp: gradient overflow (loss " << id << ", step " << d.step << "): scale now " << d.scale
-           << ", first non-finite gradient in '" << param_name(static_cast<int64_t>(id), d.step, d.first_nonfinite_index)
-           << "'; "
+           << ", first non-finite gradient in '" << param_name(d.first_nonfinite_index) << "'; "
            << overflows_since_log_[id] << " overflow(s) since the last report, " << d.skipped_steps
            << " skipped step(s) in total";
       if (logger_) logger_(line.str());
@@ -319,9 +313,9 @@ void State::save(torch::serialize::OutputArchive& archive) const {
     archive.write("loss_scaler" + std::to_string(id), sub);
   }
   const std::string text = options_.to_string();
-  archive.write("options_text", at::tensor(c10::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t*>(text.data()),
-                                                                   text.size()),
-                                           at::kByte));
+  archive.write(
+      "options_text",
+      at::tensor(c10::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()), at::kByte));
 }
 
 void State::validate_amp_state(torch::serialize::InputArchive& archive) {
@@ -384,7 +378,8 @@ std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::
     auto it = slot_of.find(p.value().unsafeGetTensorImpl());
     if (it != slot_of.end() && it->second->has_master) assignments.emplace_back(it->second->master, value);
   }
-  for (const auto& b : module_->named_buffers(true)) assignments.emplace_back(b.value(), read(b.key(), b.value(), true));
+  for (const auto& b : module_->named_buffers(true))
+    assignments.emplace_back(b.value(), read(b.key(), b.value(), true));
   return assignments;
 }
 

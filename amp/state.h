@@ -3,7 +3,6 @@
 // The state amp::initialize creates and that amp::Model, amp::Optimizer and amp::ScaledLoss share.
 // Internal: users go through amp/amp.h.
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -59,9 +58,8 @@ class State {
   std::vector<at::Tensor> optimizer_grads() const;
   const at::Tensor& step_found_inf() const { return step_found_inf_; }
 
-  /// Name of the parameter whose gradient a scaler recorded at `position` during its update `scaler_step`
-  /// (see ScalerDiagnostics), or "<none>" for position -1.
-  std::string param_name(int64_t loss_id, int64_t scaler_step, int64_t position) const;
+  /// Name of the parameter at slot `index` (what scalers record as the first non-finite index), or "<none>".
+  std::string param_name(int64_t index) const;
   void set_overflow_logger(std::function<void(const std::string&)> logger) { logger_ = std::move(logger); }
 
   void save(torch::serialize::OutputArchive& archive) const;
@@ -77,9 +75,8 @@ class State {
   void validate_amp_state(torch::serialize::InputArchive& archive);
 
  private:
-  void create_master_weights();
+  void create_master_weights(const std::vector<at::Tensor>& fp32_values);
   void check_diagnostics();
-  void remember_index_map(int64_t loss_id, int64_t scaler_step, std::vector<int64_t> map);
 
   Options options_;
   Options::Resolved policy_;
@@ -92,14 +89,12 @@ class State {
   std::vector<ParamSlot> slots_;
   std::vector<at::Tensor> stash_;  // unscaled grads of direct (masterless) params, kept across losses
   at::Tensor step_found_inf_;
-  bool grads_scaled_ = false;       // a delay_unscale backward left scaled gradients behind
-  int64_t scaled_loss_id_ = -1;     // the loss whose scale those gradients carry
+  bool grads_scaled_ = false;    // a delay_unscale backward left scaled gradients behind
+  int64_t scaled_loss_id_ = -1;  // the loss whose scale those gradients carry
   bool unscaled_this_step_ = false;
   int64_t steps_ = 0;
   std::vector<int64_t> last_logged_step_;
   std::vector<int64_t> overflows_since_log_;
-  // Per loss: (scaler step, position -> slot) of the last few unscales, to name a recorded position.
-  std::vector<std::deque<std::pair<int64_t, std::vector<int64_t>>>> index_maps_;
   std::function<void(const std::string&)> logger_;
 };
 

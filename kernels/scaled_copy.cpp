@@ -21,7 +21,8 @@ namespace {
 
 // `scale_tensor` is checked here when defined (the tensor overload); otherwise `scale` carries the value.
 void scaled_copy_impl(at::TensorList src, at::TensorList dst, const at::Tensor& scale_tensor, float scale_value,
-                      const at::Tensor& found_inf, const at::Tensor& first_nonfinite_index, int64_t index_offset) {
+                      const at::Tensor& found_inf, const at::Tensor& first_nonfinite_index, int64_t index_offset,
+                      const c10::ArrayRef<int64_t>* indices = nullptr) {
   if (src.empty() && dst.empty()) return;
   const c10::Device device = device_of(src);
   auto groups = group_lists<2>({src, dst}, {"src", "dst"}, device);
@@ -36,7 +37,11 @@ void scaled_copy_impl(at::TensorList src, at::TensorList dst, const at::Tensor& 
     found = found_inf.data_ptr<float>();
   }
   int32_t* first_index = optional_index_tensor(first_nonfinite_index, "first_nonfinite_index", device);
-  apply_index_offset(groups, index_offset);
+  if (indices != nullptr) {
+    apply_explicit_indices(groups, *indices, src.size());
+  } else {
+    apply_index_offset(groups, index_offset);
+  }
   for (const PointerLists<2>& group : groups) {
     on_device(
         device, [&] { cpu::scaled_copy(group, scale, found, first_index); },
@@ -59,6 +64,12 @@ void scaled_copy_(at::TensorList src, at::TensorList dst, const at::Tensor& scal
 void scaled_copy_(at::TensorList src, at::TensorList dst, double scale, const at::Tensor& found_inf,
                   const at::Tensor& first_nonfinite_index, int64_t index_offset) {
   scaled_copy_impl(src, dst, at::Tensor(), static_cast<float>(scale), found_inf, first_nonfinite_index, index_offset);
+}
+
+void scaled_copy_(at::TensorList src, at::TensorList dst, const at::Tensor& scale, const at::Tensor& found_inf,
+                  const at::Tensor& first_nonfinite_index, c10::ArrayRef<int64_t> indices) {
+  TORCH_CHECK(scale.defined(), "scale is an undefined tensor; pass a 1-element float32 tensor");
+  scaled_copy_impl(src, dst, scale, 0.0f, found_inf, first_nonfinite_index, 0, &indices);
 }
 
 }  // namespace kernels

@@ -31,4 +31,10 @@ void scaled_copy_(at::TensorList src, at::TensorList dst, const at::Tensor& scal
 void scaled_copy_(at::TensorList src, at::TensorList dst, double scale, const at::Tensor& found_inf = {},
                   const at::Tensor& first_nonfinite_index = {}, int64_t index_offset = 0);
 
+/// The tensor-scale form recording indices[i] (instead of index_offset + i) for src[i] in
+/// first_nonfinite_index: for callers whose tensors are not consecutive in the index space they report in
+/// (see kernels/unscale.h). indices.size() must equal src.size().
+void scaled_copy_(at::TensorList src, at::TensorList dst, const at::Tensor& scale, const at::Tensor& found_inf,
+                  const at::Tensor& first_nonfinite_index, c10::ArrayRef<int64_t> indices);
+
 }  // namespace kernels
