@@ -1,0 +1,92 @@
+#pragma once
+
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <amp/fused_optimizer.h>
+
+namespace amp {
+
+/// Options of FusedAdam / FusedAdamW (torch::optim::AdamOptions' names and meaning).
+struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAdamOptions> {
+  explicit FusedAdamOptions(double lr = 1e-3) : lr_(lr) {}
+  TORCH_ARG(double, lr) = 1e-3;
+  typedef std::tuple<double, double> betas_t;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, amsgrad) = false;
+  /// true: AdamW's decoupled weight decay; false: Adam's L2 penalty. FusedAdamW / FusedAdam set it.
+  TORCH_ARG(bool, decoupled_weight_decay) = true;
+
+ public:
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// Options of FusedSGD (torch::optim::SGDOptions' names and meaning).
+struct FusedSgdOptions : public torch::optim::OptimizerCloneableOptions<FusedSgdOptions> {
+  explicit FusedSgdOptions(double lr) : lr_(lr) {}
+  TORCH_ARG(double, lr);
+  TORCH_ARG(double, momentum) = 0;
+  TORCH_ARG(double, dampening) = 0;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, nesterov) = false;
+
+ public:
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+/// Adam / AdamW / SGD whose whole step is one fused multi-tensor pass per dtype group (kernels/fused_optimizers.h),
+/// usable like any torch::optim optimizer. Under amp::initialize they skip an overflowing step on the device
+/// (no host sync) and, with master weights, write the half model parameters in the same pass. The step count
+/// and the learning rate live on the device, so a step can be captured in a CUDA graph.
+class FusedAdam : public torch::optim::Optimizer, public FusedOptimizer {
+ public:
+  FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& groups, FusedAdamOptions defaults);
+  explicit FusedAdam(std::vector<at::Tensor> params, FusedAdamOptions defaults = FusedAdamOptions());
+  at::Tensor step(LossClosure closure = nullptr) override;
+  void fused_step(at::TensorList model_params, const at::Tensor& found_inf) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ protected:
+  struct GroupState {
+    at::Tensor step, lr;  // 1-element fp32 on the parameters' device
+    std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq;  // per parameter, fp32, created at first use
+  };
+  void run(at::TensorList model_params, const at::Tensor& found_inf);
+  std::vector<GroupState> groups_state_;
+};
+
+/// FusedAdam with decoupled weight decay (default weight_decay 1e-2, as torch::optim::AdamW).
+class FusedAdamW : public FusedAdam {
+ public:
+  explicit FusedAdamW(std::vector<at::Tensor> params,
+                      FusedAdamOptions defaults = FusedAdamOptions().weight_decay(1e-2).decoupled_weight_decay(true))
+      : FusedAdam(std::move(params), defaults.decoupled_weight_decay(true)) {}
+};
+
+class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
+ public:
+  FusedSGD(std::vector<at::Tensor> params, FusedSgdOptions defaults);
+  at::Tensor step(LossClosure closure = nullptr) override;
+  void fused_step(at::TensorList model_params, const at::Tensor& found_inf) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  struct GroupState {
+    at::Tensor step, lr;
+    std::vector<at::Tensor> momentum;
+  };
+  void run(at::TensorList model_params, const at::Tensor& found_inf);
+  std::vector<GroupState> groups_state_;
+};
+
+}  // namespace amp
