@@ -1,0 +1,181 @@
+// Question: how fast is one AdamW step with kernels::fused_adam_step_ against what LibTorch offers for the same
+// job (at::_fused_adamw_, torch::optim::AdamW::step), on a transformer-like parameter list?
+//
+// Two jobs, each timed for all three contenders side by side (interleaved rounds, medians):
+//  - "bf16+master": bf16 model params and bf16 grads, fp32 master weights (AMP O2). Ours does it in one pass.
+//    The peers must widen the grads to fp32 (_foreach_copy_), step the masters, and copy the masters back into
+//    the bf16 params (_foreach_copy_), which is what Apex's O2 and a C++ port of it do.
+//  - "fp32": fp32 params and grads, no masters; every contender steps the params directly.
+// GB/s is the job's minimal traffic (28 bytes per element in both jobs: read grad, state and master or param;
+// write them back, plus the bf16 param) divided by each contender's time, so the columns compare directly.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include <kernels/fused_optimizers.h>
+
+#include "common/timing.h"
+
+namespace {
+
+constexpr double kLr = 1e-3;
+constexpr double kWeightDecay = 0.01;
+constexpr double kBeta1 = 0.9;
+constexpr double kBeta2 = 0.999;
+constexpr double kEps = 1e-8;
+/// Bytes of minimal traffic per element (see the header comment); the same for both jobs.
+constexpr int64_t kBytesPerElement = 28;
+
+/// Parameter sizes of a small transformer (quick) or the 5000 tensors of 1-64 Ki plus a few large
+/// ones (full).
+std::vector<int64_t> parameter_sizes(bool full) {
+  std::vector<int64_t> sizes;
+  if (full) {
+    for (int64_t i = 0; i < 5000; ++i) sizes.push_back(1024 * (1 + (i * 7919) % 64));
+    for (int i = 0; i < 4; ++i) sizes.push_back(int64_t{16} << 20);  // embeddings / output projections
+    return sizes;
+  }
+  const int64_t d = 128;
+  const int64_t vocab = 4096;
+  const int64_t layers = 16;
+  sizes.push_back(vocab * d);  // token embedding
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t n : {d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d}) sizes.push_back(n);
+  }
+  sizes.push_back(d);
+  sizes.push_back(d);  // final layer norm
+  return sizes;
+}
+
+struct Result {
+  std::string job;
+  double seconds[3];
+  bool fused_available;
+};
+
+torch::optim::AdamWOptions optim_options() {
+  return torch::optim::AdamWOptions(kLr).betas({kBeta1, kBeta2}).eps(kEps).weight_decay(kWeightDecay);
+}
+
+/// at::_fused_adamw_ on (params, grads) with its own per-tensor step counts; false if this build lacks it.
+bool fused_available(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                     const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
+                     const std::vector<torch::Tensor>& steps) {
+  try {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, kLr, kBeta1, kBeta2, kWeightDecay, kEps, false,
+                      false);
+    return true;
+  } catch (const c10::Error& e) {
+    fmt::print("at::_fused_adamw_ is not available here: {}\n", e.what_without_backtrace());
+    return false;
+  }
+}
+
+std::vector<torch::Tensor> make_list(const std::vector<int64_t>& sizes, const torch::TensorOptions& options,
+                                     bool random) {
+  std::vector<torch::Tensor> list;
+  for (int64_t n : sizes) list.push_back(random ? torch::randn({n}, options) : torch::zeros({n}, options));
+  return list;
+}
+
+Result run_job(bool with_masters, const std::vector<int64_t>& sizes, const torch::Device& device, int rounds) {
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  const auto model_dtype = with_masters ? torch::kBFloat16 : torch::kFloat;
+  const auto model = fp32.dtype(model_dtype);
+  auto masters = with_masters ? make_list(sizes, fp32, true) : std::vector<torch::Tensor>{};
+  auto params = make_list(sizes, model, true);
+  const auto grads = make_list(sizes, model, true);
+  // Ours and at::_fused_adamw_ share the moment buffers (the values only drift; the work is the same).
+  auto exp_avgs = make_list(sizes, fp32, false);
+  auto exp_avg_sqs = make_list(sizes, fp32, false);
+  const auto step = torch::zeros({1}, fp32);
+  const auto lr = torch::full({1}, kLr, fp32);
+  std::vector<torch::Tensor> fused_steps;
+  for (size_t i = 0; i < sizes.size(); ++i) fused_steps.push_back(torch::zeros({}, fp32));
+
+  // The peers update fp32 tensors from fp32 grads: the masters and widened grads, or the fp32 params.
+  auto& peer_params = with_masters ? masters : params;
+  auto peer_grads = with_masters ? make_list(sizes, fp32, false) : grads;
+  for (size_t i = 0; i < sizes.size(); ++i) peer_params[i].mutable_grad() = peer_grads[i];
+  torch::optim::AdamW optim(peer_params, optim_options());
+
+  auto widen_grads = [&] {
+    if (with_masters) at::_foreach_copy_(peer_grads, grads);
+  };
+  auto write_back = [&] {
+    if (with_masters) at::_foreach_copy_(params, masters);
+  };
+  const bool fused_ok = fused_available(peer_params, peer_grads, exp_avgs, exp_avg_sqs, fused_steps);
+  const auto options = kernels::AdamStepOptions().beta1(kBeta1).beta2(kBeta2).eps(kEps).weight_decay(kWeightDecay);
+  std::vector<bench::Contender> contenders = {
+      {"ours",
+       [&] { kernels::fused_adam_step_(params, grads, exp_avgs, exp_avg_sqs, {}, masters, step, lr, options); },
+       {}},
+      {"fused",
+       [&] {
+         if (!fused_ok) return;
+         widen_grads();
+         at::_fused_adamw_(peer_params, peer_grads, exp_avgs, exp_avg_sqs, {}, fused_steps, kLr, kBeta1, kBeta2,
+                           kWeightDecay, kEps, false, false);
+         write_back();
+       },
+       {}},
+      {"optim",
+       [&] {
+         widen_grads();
+         optim.step();
+         write_back();
+       },
+       {}}};
+  constexpr int kWarmup = 2;
+  bench::run_interleaved(contenders, device, kWarmup, rounds);
+  Result r{with_masters ? "bf16+master" : "fp32", {}, fused_ok};
+  for (int i = 0; i < 3; ++i) r.seconds[i] = bench::median(contenders[i].seconds);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool full = false;
+  std::string device_name = "auto";
+  int rounds = 10;
+  CLI::App app{"kernels::fused_adam_step_ vs at::_fused_adamw_ vs torch::optim::AdamW::step"};
+  app.add_flag("--full", full, "The issue's 5000 tensors of 1-64 Ki plus 4 x 16 Mi instead of a small transformer");
+  app.add_option("--device", device_name, "auto, cpu or cuda");
+  app.add_option("--rounds", rounds, "Timed rounds per contender")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  const torch::Device device =
+      device_name == "auto" ? (torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU))
+                            : torch::Device(device_name);
+
+  const std::vector<int64_t> sizes = parameter_sizes(full);
+  int64_t elements = 0;
+  for (int64_t n : sizes) elements += n;
+  fmt::print(
+      "fused AdamW step on {} ({} mode: {} tensors, {:.2f} M elements; {} threads, ATen CPU capability {}; {} rounds, "
+      "median)\n",
+      device.str(), full ? "full" : "quick", sizes.size(), static_cast<double>(elements) / 1e6, at::get_num_threads(),
+      at::get_cpu_capability(), rounds);
+  fmt::print("{:<12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8}\n", "job", "ours ms", "fused ms", "optim ms",
+             "ours GB/s", "fused GB/s", "optim GB/s", "x fused", "x optim");
+  const double bytes = static_cast<double>(elements * kBytesPerElement);
+  for (bool with_masters : {true, false}) {
+    const Result r = run_job(with_masters, sizes, device, rounds);
+    auto ms = [](double s) { return fmt::format("{:.2f}", s * 1e3); };
+    auto gbs = [&](double s) { return fmt::format("{:.1f}", bytes / s / 1e9); };
+    auto ratio = [&](double s) { return fmt::format("{:.2f}x", s / r.seconds[0]); };
+    const std::string na = "n/a";
+    fmt::print("{:<12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8}\n", r.job, ms(r.seconds[0]),
+               r.fused_available ? ms(r.seconds[1]) : na, ms(r.seconds[2]), gbs(r.seconds[0]),
+               r.fused_available ? gbs(r.seconds[1]) : na, gbs(r.seconds[2]),
+               r.fused_available ? ratio(r.seconds[1]) : na, ratio(r.seconds[2]));
+  }
+  fmt::print("x fused / x optim: the peer's time divided by ours (higher means ours is faster).\n");
+  return 0;
+}
