@@ -142,10 +142,11 @@ void FusedAdam::run(at::TensorList model_params, const at::Tensor& found_inf) {
       StepLists& part = *parts[k];
       const bool last = k + 1 == parts.size();
       const at::Tensor step = last ? st.step : st.step.clone();
-      kernels::fused_adam_step_(part.params, part.grads, pick<at::Tensor>(st.exp_avg, part.index),
-                                pick<at::Tensor>(st.exp_avg_sq, part.index),
-                                o.amsgrad() ? pick<at::Tensor>(st.max_exp_avg_sq, part.index) : std::vector<at::Tensor>{},
-                                part.masters, step, st.lr, options, at::Tensor(), found_inf);
+      kernels::fused_adam_step_(
+          part.params, part.grads, pick<at::Tensor>(st.exp_avg, part.index),
+          pick<at::Tensor>(st.exp_avg_sq, part.index),
+          o.amsgrad() ? pick<at::Tensor>(st.max_exp_avg_sq, part.index) : std::vector<at::Tensor>{}, part.masters, step,
+          st.lr, options, at::Tensor(), found_inf);
     }
   }
 }

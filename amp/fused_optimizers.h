@@ -57,7 +57,7 @@ class FusedAdam : public torch::optim::Optimizer, public FusedOptimizer {
 
  protected:
   struct GroupState {
-    at::Tensor step, lr;  // 1-element fp32 on the parameters' device
+    at::Tensor step, lr;                                          // 1-element fp32 on the parameters' device
     std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq;  // per parameter, fp32, created at first use
   };
   void run(at::TensorList model_params, const at::Tensor& found_inf);
