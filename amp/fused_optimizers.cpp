@@ -31,7 +31,6 @@ void split_group(const std::vector<at::Tensor>& held, at::TensorList model_param
   }
 }
 
-template <typename T>
 std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all, const std::vector<size_t>& index) {
   std::vector<at::Tensor> out;
   for (size_t i : index) out.push_back(all[i]);
@@ -71,6 +70,66 @@ at::Tensor device_scalar(const at::Tensor& like, double value) {
   return at::full({1}, value, at::TensorOptions().dtype(at::kFloat).device(like.device()));
 }
 
+at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return at::Tensor();
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+/// The loop both fused optimizers share: per group, lazily create the device step/lr, refresh lr, let
+/// `prepare(group, held, state)` create the state lists, then call `launch(group, part, step)` for the masterless
+/// and the mastered parameters. The step counter advances once per group step: the first part gets a copy of it,
+/// the last part the real one.
+template <typename State, typename Prepare, typename Launch>
+void run_groups(const std::vector<torch::optim::OptimizerParamGroup>& groups, std::vector<State>& states,
+                at::TensorList model_params, Prepare prepare, Launch launch) {
+  check_model_params(model_params, count_params(groups));
+  states.resize(groups.size());
+  at::NoGradGuard no_grad;
+  size_t first = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& held = groups[g].params();
+    State& st = states[g];
+    if (held.empty()) continue;
+    const double lr = groups[g].options().get_lr();
+    if (!st.step.defined()) {
+      st.step = device_scalar(held[0], 0.0);
+      st.lr = device_scalar(held[0], lr);
+    }
+    st.lr.fill_(lr);  // a device fill, no sync: schedulers may change lr between steps
+    prepare(g, held, st);
+    StepLists direct, mastered;
+    split_group(held, model_params, first, direct, mastered);
+    first += held.size();
+    std::vector<StepLists*> parts;
+    if (!direct.params.empty()) parts.push_back(&direct);
+    if (!mastered.params.empty()) parts.push_back(&mastered);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      launch(g, *parts[k], k + 1 == parts.size() ? st.step : st.step.clone());
+    }
+  }
+}
+
+void save_step(torch::serialize::OutputArchive& archive, const std::string& prefix, const detail::StepState& st) {
+  if (st.step.defined()) archive.write(prefix + ".step", st.step.cpu());
+}
+
+void load_step(torch::serialize::InputArchive& archive, const std::string& prefix,
+               const torch::optim::OptimizerParamGroup& group, detail::StepState& st) {
+  at::Tensor step;
+  if (!archive.try_read(prefix + ".step", step) || group.params().empty()) return;
+  TORCH_CHECK(step.numel() == 1, "optimizer checkpoint: ", prefix, ".step must have 1 element");
+  st.step = step.to(group.params()[0].device(), at::kFloat).reshape({1});
+  st.lr = device_scalar(group.params()[0], group.options().get_lr());
+}
+
+void ensure_fp32_zeros(std::vector<at::Tensor>& list, const std::vector<at::Tensor>& held) {
+  list.resize(held.size());
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (!list[i].defined()) list[i] = at::zeros_like(held[i], at::TensorOptions().dtype(at::kFloat));
+  }
+}
+
 }  // namespace
 
 FusedAdam::FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& groups, FusedAdamOptions defaults)
@@ -88,11 +147,7 @@ FusedAdam::FusedAdam(std::vector<at::Tensor> params, FusedAdamOptions defaults)
     : FusedAdam({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
 
 at::Tensor FusedAdam::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = run_closure(closure);
   run({}, at::Tensor());
   return loss;
 }
@@ -100,62 +155,38 @@ at::Tensor FusedAdam::step(LossClosure closure) {
 void FusedAdam::fused_step(at::TensorList model_params, const at::Tensor& found_inf) { run(model_params, found_inf); }
 
 void FusedAdam::run(at::TensorList model_params, const at::Tensor& found_inf) {
-  check_model_params(model_params, count_params(param_groups_));
-  groups_state_.resize(param_groups_.size());
-  at::NoGradGuard no_grad;
-  size_t first = 0;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& held = param_groups_[g].params();
-    const auto& o = static_cast<const FusedAdamOptions&>(param_groups_[g].options());
-    GroupState& st = groups_state_[g];
-    if (!held.empty() && !st.step.defined()) {
-      st.step = device_scalar(held[0], 0.0);
-      st.lr = device_scalar(held[0], o.lr());
-    }
-    if (held.empty()) continue;
-    st.lr.fill_(o.lr());  // a device fill, no sync: schedulers may change lr between steps
-    auto ensure = [&](std::vector<at::Tensor>& list) {
-      list.resize(held.size());
-      for (size_t i = 0; i < held.size(); ++i) {
-        if (!list[i].defined()) list[i] = at::zeros_like(held[i], at::TensorOptions().dtype(at::kFloat));
-      }
-    };
-    ensure(st.exp_avg);
-    ensure(st.exp_avg_sq);
-    if (o.amsgrad()) ensure(st.max_exp_avg_sq);
-    const auto options = kernels::AdamStepOptions()
-                             .beta1(std::get<0>(o.betas()))
-                             .beta2(std::get<1>(o.betas()))
-                             .eps(o.eps())
-                             .weight_decay(o.weight_decay())
-                             .decoupled_weight_decay(o.decoupled_weight_decay())
-                             .amsgrad(o.amsgrad());
-    StepLists direct, mastered;
-    split_group(held, model_params, first, direct, mastered);
-    first += held.size();
-    // The step counter advances once per group step: run both parts against a copy of it for the first and
-    // the real counter for the last, so it advances exactly once.
-    std::vector<StepLists*> parts;
-    if (!direct.params.empty()) parts.push_back(&direct);
-    if (!mastered.params.empty()) parts.push_back(&mastered);
-    for (size_t k = 0; k < parts.size(); ++k) {
-      StepLists& part = *parts[k];
-      const bool last = k + 1 == parts.size();
-      const at::Tensor step = last ? st.step : st.step.clone();
-      kernels::fused_adam_step_(
-          part.params, part.grads, pick<at::Tensor>(st.exp_avg, part.index),
-          pick<at::Tensor>(st.exp_avg_sq, part.index),
-          o.amsgrad() ? pick<at::Tensor>(st.max_exp_avg_sq, part.index) : std::vector<at::Tensor>{}, part.masters, step,
-          st.lr, options, at::Tensor(), found_inf);
-    }
-  }
+  auto options_of = [&](size_t g) -> const FusedAdamOptions& {
+    return static_cast<const FusedAdamOptions&>(param_groups_[g].options());
+  };
+  run_groups(
+      param_groups_, groups_state_, model_params,
+      [&](size_t g, const std::vector<at::Tensor>& held, GroupState& st) {
+        ensure_fp32_zeros(st.exp_avg, held);
+        ensure_fp32_zeros(st.exp_avg_sq, held);
+        if (options_of(g).amsgrad()) ensure_fp32_zeros(st.max_exp_avg_sq, held);
+      },
+      [&](size_t g, StepLists& part, const at::Tensor& step) {
+        const FusedAdamOptions& o = options_of(g);
+        const GroupState& st = groups_state_[g];
+        const auto options = kernels::AdamStepOptions()
+                                 .beta1(std::get<0>(o.betas()))
+                                 .beta2(std::get<1>(o.betas()))
+                                 .eps(o.eps())
+                                 .weight_decay(o.weight_decay())
+                                 .decoupled_weight_decay(o.decoupled_weight_decay())
+                                 .amsgrad(o.amsgrad());
+        kernels::fused_adam_step_(part.params, part.grads, pick(st.exp_avg, part.index),
+                                  pick(st.exp_avg_sq, part.index),
+                                  o.amsgrad() ? pick(st.max_exp_avg_sq, part.index) : std::vector<at::Tensor>{},
+                                  part.masters, step, st.lr, options, at::Tensor(), found_inf);
+      });
 }
 
 void FusedAdam::save(torch::serialize::OutputArchive& archive) const {
   for (size_t g = 0; g < groups_state_.size(); ++g) {
     const GroupState& st = groups_state_[g];
     const std::string prefix = "group" + std::to_string(g);
-    if (st.step.defined()) archive.write(prefix + ".step", st.step.cpu());
+    save_step(archive, prefix, st);
     write_list(archive, prefix + ".exp_avg", st.exp_avg);
     write_list(archive, prefix + ".exp_avg_sq", st.exp_avg_sq);
     write_list(archive, prefix + ".max_exp_avg_sq", st.max_exp_avg_sq);
@@ -167,16 +198,10 @@ void FusedAdam::load(torch::serialize::InputArchive& archive) {
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& held = param_groups_[g].params();
     const std::string prefix = "group" + std::to_string(g);
-    GroupState& st = loaded[g];
-    at::Tensor step;
-    if (archive.try_read(prefix + ".step", step) && !held.empty()) {
-      TORCH_CHECK(step.numel() == 1, "optimizer checkpoint: ", prefix, ".step must have 1 element");
-      st.step = step.to(held[0].device(), at::kFloat).reshape({1});
-      st.lr = device_scalar(held[0], param_groups_[g].options().get_lr());
-    }
-    read_list(archive, prefix + ".exp_avg", st.exp_avg, held);
-    read_list(archive, prefix + ".exp_avg_sq", st.exp_avg_sq, held);
-    read_list(archive, prefix + ".max_exp_avg_sq", st.max_exp_avg_sq, held);
+    load_step(archive, prefix, param_groups_[g], loaded[g]);
+    read_list(archive, prefix + ".exp_avg", loaded[g].exp_avg, held);
+    read_list(archive, prefix + ".exp_avg_sq", loaded[g].exp_avg_sq, held);
+    read_list(archive, prefix + ".max_exp_avg_sq", loaded[g].max_exp_avg_sq, held);
   }
   groups_state_ = std::move(loaded);
 }
@@ -195,11 +220,7 @@ FusedSGD::FusedSGD(std::vector<at::Tensor> params, FusedSgdOptions defaults)
 }
 
 at::Tensor FusedSGD::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = run_closure(closure);
   run({}, at::Tensor());
   return loss;
 }
@@ -207,51 +228,38 @@ at::Tensor FusedSGD::step(LossClosure closure) {
 void FusedSGD::fused_step(at::TensorList model_params, const at::Tensor& found_inf) { run(model_params, found_inf); }
 
 void FusedSGD::run(at::TensorList model_params, const at::Tensor& found_inf) {
-  check_model_params(model_params, count_params(param_groups_));
-  groups_state_.resize(param_groups_.size());
-  at::NoGradGuard no_grad;
-  size_t first = 0;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& held = param_groups_[g].params();
-    const auto& o = static_cast<const FusedSgdOptions&>(param_groups_[g].options());
-    GroupState& st = groups_state_[g];
-    if (held.empty()) continue;
-    if (!st.step.defined()) {
-      st.step = device_scalar(held[0], 0.0);
-      st.lr = device_scalar(held[0], o.lr());
-    }
-    st.lr.fill_(o.lr());
-    if (o.momentum() > 0) {
-      st.momentum.resize(held.size());
-      for (size_t i = 0; i < held.size(); ++i) {
-        if (!st.momentum[i].defined()) st.momentum[i] = at::empty_like(held[i], at::TensorOptions().dtype(at::kFloat));
-      }
-    }
-    const auto options = kernels::SgdStepOptions()
-                             .momentum(o.momentum())
-                             .dampening(o.dampening())
-                             .weight_decay(o.weight_decay())
-                             .nesterov(o.nesterov());
-    StepLists direct, mastered;
-    split_group(held, model_params, first, direct, mastered);
-    first += held.size();
-    std::vector<StepLists*> parts;
-    if (!direct.params.empty()) parts.push_back(&direct);
-    if (!mastered.params.empty()) parts.push_back(&mastered);
-    for (size_t k = 0; k < parts.size(); ++k) {
-      StepLists& part = *parts[k];
-      const at::Tensor step = k + 1 == parts.size() ? st.step : st.step.clone();
-      kernels::fused_sgd_step_(part.params, part.grads,
-                               o.momentum() > 0 ? pick<at::Tensor>(st.momentum, part.index) : std::vector<at::Tensor>{},
-                               part.masters, step, st.lr, options, at::Tensor(), found_inf);
-    }
-  }
+  auto options_of = [&](size_t g) -> const FusedSgdOptions& {
+    return static_cast<const FusedSgdOptions&>(param_groups_[g].options());
+  };
+  run_groups(
+      param_groups_, groups_state_, model_params,
+      [&](size_t g, const std::vector<at::Tensor>& held, GroupState& st) {
+        // No zeroing needed: on step 0 the kernel overwrites each buffer with the gradient (torch's initialisation).
+        if (options_of(g).momentum() <= 0) return;
+        st.momentum.resize(held.size());
+        for (size_t i = 0; i < held.size(); ++i) {
+          if (!st.momentum[i].defined())
+            st.momentum[i] = at::empty_like(held[i], at::TensorOptions().dtype(at::kFloat));
+        }
+      },
+      [&](size_t g, StepLists& part, const at::Tensor& step) {
+        const FusedSgdOptions& o = options_of(g);
+        const GroupState& st = groups_state_[g];
+        const auto options = kernels::SgdStepOptions()
+                                 .momentum(o.momentum())
+                                 .dampening(o.dampening())
+                                 .weight_decay(o.weight_decay())
+                                 .nesterov(o.nesterov());
+        kernels::fused_sgd_step_(part.params, part.grads,
+                                 o.momentum() > 0 ? pick(st.momentum, part.index) : std::vector<at::Tensor>{},
+                                 part.masters, step, st.lr, options, at::Tensor(), found_inf);
+      });
 }
 
 void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
   for (size_t g = 0; g < groups_state_.size(); ++g) {
     const std::string prefix = "group" + std::to_string(g);
-    if (groups_state_[g].step.defined()) archive.write(prefix + ".step", groups_state_[g].step.cpu());
+    save_step(archive, prefix, groups_state_[g]);
     write_list(archive, prefix + ".momentum", groups_state_[g].momentum);
   }
 }
@@ -259,18 +267,9 @@ void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
 void FusedSGD::load(torch::serialize::InputArchive& archive) {
   std::vector<GroupState> loaded(param_groups_.size());
   for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& held = param_groups_[g].params();
     const std::string prefix = "group" + std::to_string(g);
-    at::Tensor step;
-    if (archive.try_read(prefix + ".step", step) && !held.empty()) {
-      TORCH_CHECK(step.numel() == 1, "optimizer checkpoint: ", prefix, ".step must have 1 element");
-      loaded[g].step = step.to(held[0].device(), at::kFloat).reshape({1});
-      loaded[g].lr = device_scalar(held[0], param_groups_[g].options().get_lr());
-    }
-    read_list(archive, prefix + ".momentum", loaded[g].momentum, held);
-    if (loaded[g].momentum.size() == held.size()) {
-      // Entries never written (no step taken yet) stay undefined and are created at the next step.
-    }
+    load_step(archive, prefix, param_groups_[g], loaded[g]);
+    read_list(archive, prefix + ".momentum", loaded[g].momentum, param_groups_[g].params());
   }
   groups_state_ = std::move(loaded);
 }

@@ -11,6 +11,13 @@
 
 namespace amp {
 
+namespace detail {
+/// Device-resident per-group counters shared by the fused optimizers.
+struct StepState {
+  at::Tensor step, lr;  // 1-element fp32 on the parameters' device
+};
+}  // namespace detail
+
 /// Options of FusedAdam / FusedAdamW (torch::optim::AdamOptions' names and meaning).
 struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAdamOptions> {
   explicit FusedAdamOptions(double lr = 1e-3) : lr_(lr) {}
@@ -56,8 +63,7 @@ class FusedAdam : public torch::optim::Optimizer, public FusedOptimizer {
   void load(torch::serialize::InputArchive& archive) override;
 
  protected:
-  struct GroupState {
-    at::Tensor step, lr;                                          // 1-element fp32 on the parameters' device
+  struct GroupState : detail::StepState {
     std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq;  // per parameter, fp32, created at first use
   };
   void run(at::TensorList model_params, const at::Tensor& found_inf);
@@ -81,9 +87,8 @@ class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
   void load(torch::serialize::InputArchive& archive) override;
 
  private:
-  struct GroupState {
-    at::Tensor step, lr;
-    std::vector<at::Tensor> momentum;
+  struct GroupState : detail::StepState {
+    std::vector<at::Tensor> momentum;  // per parameter, fp32, created at first use
   };
   void run(at::TensorList model_params, const at::Tensor& found_inf);
   std::vector<GroupState> groups_state_;
