@@ -31,8 +31,10 @@ void copy_into_bucket(const at::Tensor& bucket, at::TensorList tensors, double s
     at::Tensor slot = bucket.narrow(0, offset, n);
     if (scale == 1.0) {
       slot.copy_(t.reshape({n}));
-    } else {
+    } else if (t.scalar_type() == bucket.scalar_type()) {
       at::mul_out(slot, t.reshape({n}), scale);
+    } else {
+      slot.copy_(t.reshape({n}).mul(scale));  // scaled in the gradient's dtype, rounded once to the bucket's
     }
     offset += n;
   }
@@ -46,8 +48,11 @@ void copy_from_bucket(const at::Tensor& bucket, at::TensorList tensors, double s
     at::Tensor slot = bucket.narrow(0, offset, n).view(t.sizes());
     if (scale == 1.0) {
       t.copy_(slot);
-    } else {
+    } else if (t.scalar_type() == bucket.scalar_type()) {
       at::mul_out(const_cast<at::Tensor&>(t), slot, scale);
+    } else {
+      t.copy_(slot);  // widening or narrowing first, then scaled in the gradient's dtype
+      t.mul_(scale);
     }
     offset += n;
   }
