@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include <torch/detail/static.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
 #include <ddp/process_group.h>
@@ -90,7 +92,9 @@ class DistributedDataParallel {
   template <typename ModuleType>
   DistributedDataParallel(std::shared_ptr<ModuleType> module, ProcessGroup process_group, Options options = {})
       : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module), any_module_of(module),
-                                std::move(process_group), std::move(options)) {}
+                                std::move(process_group), std::move(options)) {
+    if constexpr (std::is_base_of_v<torch::nn::SequentialImpl, ModuleType>) sequential_ = module;
+  }
 
   /// Wraps the module held by a ModuleHolder (torch::nn::Linear, TORCH_MODULE(Net), ...).
   template <typename ModuleType>
@@ -102,13 +106,15 @@ class DistributedDataParallel {
   DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
   ~DistributedDataParallel();
 
-  /// Calls before_forward(), then the module's forward(args...). Needs a module with a single forward().
+  /// Calls before_forward(), then the module's forward(args...). Needs a module with a single forward(), or a
+  /// torch::nn::Sequential.
   template <typename ReturnType = at::Tensor, typename... Args>
   ReturnType forward(Args&&... args) {
-    TORCH_CHECK(!any_module_.is_empty(),
-                "DistributedDataParallel::forward: the module has no single forward(); "
-                "call before_forward() and then the module's own forward");
+    TORCH_CHECK(sequential_ || !any_module_.is_empty(),
+                "DistributedDataParallel::forward: the module has no single forward(); call before_forward() and "
+                "then the module's own forward");
     before_forward();
+    if (sequential_) return sequential_->forward<ReturnType>(std::forward<Args>(args)...);
     return any_module_.forward<ReturnType>(std::forward<Args>(args)...);
   }
 
@@ -158,7 +164,8 @@ class DistributedDataParallel {
     }
   }
 
-  torch::nn::AnyModule any_module_;
+  torch::nn::AnyModule any_module_;                        // a module with a single forward()
+  std::shared_ptr<torch::nn::SequentialImpl> sequential_;  // Sequential's forward is a template
   std::unique_ptr<Impl> impl_;
 };
 

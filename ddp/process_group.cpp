@@ -9,6 +9,7 @@
 
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #ifdef LIBTORCH_AMP_HAVE_GLOO
@@ -121,25 +122,36 @@ std::string master_name(const Rendezvous& rdzv) {
   return out.str();
 }
 
+/// torchrun's agent hosts the store itself and says so in TORCHELASTIC_USE_AGENT_STORE; then every rank, rank 0
+/// included, is a client (as torch.distributed's _create_c10d_store does).
+bool agent_hosts_store() {
+  const char* value = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  return value != nullptr && std::string(value) == "True";
+}
+
+/// Our keys live under a prefix, so a store shared with torchrun's agent never sees them collide.
+constexpr const char* kStorePrefix = "libtorch_amp";
+
 /// Rank 0 listens and waits for all ranks to connect; the others connect. Every failure mode of TCPStore's
 /// constructor is turned into a sentence that names the endpoint and what to do.
 c10::intrusive_ptr<c10d::Store> connect_store(const Rendezvous& rdzv, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(rdzv.master.port);
-  store_options.isServer = rdzv.rank == 0;
+  store_options.isServer = rdzv.rank == 0 && !agent_hosts_store();
   store_options.numWorkers = static_cast<std::size_t>(rdzv.world_size);
   store_options.waitWorkers = true;
   store_options.timeout = timeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(rdzv.master.host, store_options);
+    auto store = c10::make_intrusive<c10d::TCPStore>(rdzv.master.host, store_options);
+    return c10::make_intrusive<c10d::PrefixStore>(kStorePrefix, std::move(store));
   } catch (const std::exception& e) {
     const std::string why = cause_of(e);
-    if (rdzv.rank == 0 &&
+    if (store_options.isServer &&
         (contains_case_insensitive(why, "already in use") || why.find("EADDRINUSE") != std::string::npos)) {
       TORCH_CHECK(false, "rank 0 cannot host the rendezvous: port ", rdzv.master.port, " is already in use (",
                   master_name(rdzv), "); pick a free port. Cause: ", why);
     }
-    if (rdzv.rank == 0) {
+    if (store_options.isServer) {
       TORCH_CHECK(false, "rank 0 hosting the rendezvous at ", master_name(rdzv),
                   " did not see all WORLD_SIZE=", rdzv.world_size, " ranks join within ", timeout.count(),
                   " ms. Cause: ", why);
