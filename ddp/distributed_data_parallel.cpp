@@ -75,8 +75,9 @@ std::vector<std::string> split_lines(const std::string& text) {
   return lines;
 }
 
-/// One line per parameter and buffer: what must agree across ranks.
-std::vector<std::string> describe(const torch::nn::Module& module) {
+/// One line per parameter and buffer, then the options that shape the buckets: what must agree across ranks
+/// (different bucket layouts would pair up unrelated allreduces).
+std::vector<std::string> describe(const torch::nn::Module& module, const DistributedDataParallelOptions& o) {
   std::vector<std::string> lines;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
     lines.push_back(c10::str("parameter ", p.key(), " ", p.value().sizes(), " ", p.value().scalar_type(),
@@ -85,19 +86,26 @@ std::vector<std::string> describe(const torch::nn::Module& module) {
   for (const auto& b : module.named_buffers(/*recurse=*/true)) {
     lines.push_back(c10::str("buffer ", b.key(), " ", b.value().sizes(), " ", b.value().scalar_type()));
   }
+  lines.push_back(c10::str("option bucket_cap_mb=", o.bucket_cap_mb(), " first_bucket_mb=", o.first_bucket_mb(),
+                           " allreduce_dtype=", o.allreduce_dtype() ? c10::toString(*o.allreduce_dtype()) : "grad",
+                           " broadcast_buffers=", o.broadcast_buffers(), " delay_allreduce=", o.delay_allreduce(),
+                           " find_unused_parameters=", o.find_unused_parameters(),
+                           " gradient_predivide_factor=", o.gradient_predivide_factor()));
   return lines;
 }
 
 /// Throws on every rank, with the same message, when the ranks' modules differ. Two collectives when they agree
 /// (a hash), two more when they do not (the descriptions), so every rank reaches the same verdict: no rank
-/// proceeds to a broadcast that the others skip.
-void verify_same_model_on_all_ranks(const ProcessGroup& pg, const torch::nn::Module& module) {
+/// proceeds to a broadcast that the others skip. Construction only, so reading the results on the host is fine.
+void verify_same_model_on_all_ranks(const ProcessGroup& pg, const torch::nn::Module& module,
+                                    const DistributedDataParallelOptions& options) {
   if (pg.size() == 1) return;
   std::string mine;
-  for (const auto& line : describe(module)) mine += line + "\n";
+  for (const auto& line : describe(module, options)) mine += line + "\n";
   const at::Tensor summary =
-      at::tensor({static_cast<int64_t>(fnv1a(mine)), static_cast<int64_t>(mine.size())}, at::kLong);
-  const std::vector<at::Tensor> summaries = pg.allgather(summary);
+      at::tensor({static_cast<int64_t>(fnv1a(mine)), static_cast<int64_t>(mine.size())}, at::kLong).to(pg.device());
+  std::vector<at::Tensor> summaries = pg.allgather(summary);
+  for (at::Tensor& s : summaries) s = s.cpu();
   int64_t longest = 0;
   bool all_equal = true;
   for (const at::Tensor& s : summaries) {
@@ -108,10 +116,11 @@ void verify_same_model_on_all_ranks(const ProcessGroup& pg, const torch::nn::Mod
 
   at::Tensor bytes = at::zeros({longest}, at::kByte);
   std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());
-  const std::vector<at::Tensor> all_bytes = pg.allgather(bytes);
+  const std::vector<at::Tensor> all_bytes = pg.allgather(bytes.to(pg.device()));
   std::vector<std::vector<std::string>> lines;
   for (size_t r = 0; r < all_bytes.size(); ++r) {
-    const auto* data = reinterpret_cast<const char*>(all_bytes[r].data_ptr<uint8_t>());
+    const at::Tensor host = all_bytes[r].cpu();
+    const auto* data = reinterpret_cast<const char*>(host.data_ptr<uint8_t>());
     lines.push_back(split_lines(std::string(data, static_cast<size_t>(summaries[r][1].item<int64_t>()))));
   }
   // Everyone compares rank 0 with the first rank that differs from it, so every rank names the same entry.
@@ -120,9 +129,9 @@ void verify_same_model_on_all_ranks(const ProcessGroup& pg, const torch::nn::Mod
     size_t i = 0;
     while (i < lines[0].size() && i < lines[r].size() && lines[0][i] == lines[r][i]) ++i;
     auto entry = [&](size_t rank) { return i < lines[rank].size() ? "'" + lines[rank][i] + "'" : "nothing"; };
-    TORCH_CHECK(false, "DistributedDataParallel: the module differs across ranks (checked on rank ", pg.rank(),
-                "): entry #", i, " is ", entry(0), " on rank 0 but ", entry(r), " on rank ", r,
-                ". Every rank must build the same model.");
+    TORCH_CHECK(false, "DistributedDataParallel: the module or the options differ across ranks (checked on rank ",
+                pg.rank(), "): entry #", i, " is ", entry(0), " on rank 0 but ", entry(r), " on rank ", r,
+                ". Every rank must build the same model with the same options.");
   }
 }
 
@@ -146,7 +155,7 @@ class DistributedDataParallel::Impl {
       : module_(std::move(module)), pg_(std::move(pg)), options_(std::move(options)) {
     TORCH_CHECK(module_, "DistributedDataParallel: module is null");
     check_options(options_);
-    verify_same_model_on_all_ranks(pg_, *module_);
+    verify_same_model_on_all_ranks(pg_, *module_, options_);
     broadcast_from_root(pg_, module_->parameters(/*recurse=*/true));
     broadcast_from_root(pg_, module_->buffers(/*recurse=*/true));
     for (const auto& p : module_->named_parameters(/*recurse=*/true)) {

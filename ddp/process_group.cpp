@@ -215,11 +215,12 @@ bool backend_available(const std::string& backend) {
 }
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
-                           std::string backend_name, std::chrono::milliseconds timeout)
+                           std::string backend_name, std::chrono::milliseconds timeout, c10::Device device)
     : store_(std::move(store)),
       backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
-      timeout_(timeout) {
+      timeout_(timeout),
+      device_(device) {
   TORCH_CHECK(backend_, "ProcessGroup needs a backend");
 }
 
@@ -261,26 +262,30 @@ void ProcessGroup::barrier() const { wait(backend_->barrier(), "barrier"); }
 ProcessGroup init_process_group(const InitOptions& options) {
   const std::string& backend = options.backend();
   TORCH_CHECK(backend == "gloo" || backend == "nccl", "backend must be 'gloo' or 'nccl', got '", backend, "'");
+  TORCH_CHECK(options.timeout().count() > 0, "timeout must be > 0 ms, got ", options.timeout().count());
+  const Rendezvous rdzv = resolve(options);
   TORCH_CHECK(backend_available(backend), "backend '", backend, "' is not built into this libtorch_amp: ",
               backend == "gloo" ? "install gloo's headers (apt-get install libgloo-dev) and reconfigure"
                                 : "configure with CUDA and NCCL found");
-  TORCH_CHECK(options.timeout().count() > 0, "timeout must be > 0 ms, got ", options.timeout().count());
-  const Rendezvous rdzv = resolve(options);
   auto store = connect_store(rdzv, options.timeout());
   c10::intrusive_ptr<c10d::Backend> pg;
+  c10::Device device = c10::kCPU;
   try {
 #ifdef LIBTORCH_AMP_HAVE_GLOO
     if (backend == "gloo") pg = make_gloo(store, rdzv, options);
 #endif
 #ifdef LIBTORCH_AMP_HAVE_NCCL
-    if (backend == "nccl") pg = make_nccl(store, rdzv, options);
+    if (backend == "nccl") {
+      pg = make_nccl(store, rdzv, options);
+      device = c10::Device(c10::kCUDA, c10::cuda::current_device());
+    }
 #endif
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", rdzv.rank, " could not build the ", backend, " process group with the ",
                 rdzv.world_size, " ranks met at ", master_name(rdzv), " within ", options.timeout().count(),
                 " ms. Cause: ", cause_of(e));
   }
-  return ProcessGroup(std::move(store), std::move(pg), backend, options.timeout());
+  return ProcessGroup(std::move(store), std::move(pg), backend, options.timeout(), device);
 }
 
 ProcessGroup init_process_group(const LaunchEnv& env, const std::string& backend, std::chrono::milliseconds timeout) {

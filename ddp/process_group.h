@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -45,13 +46,17 @@ struct InitOptions {
 /// Cheap to copy (shared handles). Collectives of the group must be issued in the same order on every rank.
 class ProcessGroup {
  public:
+  /// `device`: where this group's collectives take tensors (CPU for Gloo, which also takes CUDA tensors; the
+  /// rank's CUDA device for NCCL).
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
-               std::string backend_name, std::chrono::milliseconds timeout);
+               std::string backend_name, std::chrono::milliseconds timeout, c10::Device device = c10::kCPU);
 
   int rank() const { return backend_->getRank(); }
   int size() const { return backend_->getSize(); }
   const std::string& backend_name() const { return backend_name_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Where bookkeeping tensors for this group's collectives must live (see the constructor).
+  c10::Device device() const { return device_; }
   const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
@@ -78,6 +83,7 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::string backend_name_;
   std::chrono::milliseconds timeout_;
+  c10::Device device_;
 };
 
 /// Meets the other ranks as `options` says and returns the process group. Rank 0 hosts the rendezvous store

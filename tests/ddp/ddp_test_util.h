@@ -14,7 +14,14 @@
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <ddp/process_group.h>
 #include <gtest/gtest.h>
+
+/// Skips the current test, with the reason, when this build has no Gloo backend (gloo's headers were missing).
+#define LTA_REQUIRE_GLOO()                                                                                         \
+  do {                                                                                                             \
+    if (!::ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)"; \
+  } while (0)
 
 namespace ddp_test {
 

@@ -112,6 +112,7 @@ std::vector<ddp::DistributedDataParallelOptions> bucket_variants() {
 }
 
 TEST(DistributedDataParallelTest, GradientsEqualSingleProcessFullBatchGradients) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
     const Data data = make_data(seed + 100);
@@ -128,6 +129,7 @@ TEST(DistributedDataParallelTest, GradientsEqualSingleProcessFullBatchGradients)
 }
 
 TEST(DistributedDataParallelTest, ConstructionBroadcastsRankZerosParameters) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
     Mlp model = make_model(seed, rank);
@@ -138,6 +140,7 @@ TEST(DistributedDataParallelTest, ConstructionBroadcastsRankZerosParameters) {
 }
 
 TEST(DistributedDataParallelTest, AfterTrainingStepsAllRanksAreBitIdentical) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   ddp_test::ScratchDir dir;
   constexpr int kSteps = 5;
@@ -164,6 +167,7 @@ TEST(DistributedDataParallelTest, AfterTrainingStepsAllRanksAreBitIdentical) {
 }
 
 TEST(DistributedDataParallelTest, NoSyncAccumulatesLocallyAndTheNextBackwardAveragesABigBatch) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
     const Data data = make_data(seed + 7);
@@ -189,6 +193,7 @@ TEST(DistributedDataParallelTest, NoSyncAccumulatesLocallyAndTheNextBackwardAver
 }
 
 TEST(DistributedDataParallelTest, BucketsAreIssuedDuringBackwardUnlessDelayed) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
     const std::vector<int64_t> deep = {kIn, 64, 64, 64, 64, 64, 64, kOut};
@@ -219,6 +224,7 @@ TEST(DistributedDataParallelTest, BucketsAreIssuedDuringBackwardUnlessDelayed) {
 }
 
 TEST(DistributedDataParallelTest, BucketsFollowReverseParameterOrderAndTheCaps) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   run_ranks(
       [seed](int rank, const ddp::ProcessGroup& pg) {
@@ -246,6 +252,7 @@ TEST(DistributedDataParallelTest, BucketsFollowReverseParameterOrderAndTheCaps) 
 }
 
 TEST(DistributedDataParallelTest, AllreduceDtypeCompressesToBFloat16) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
     const Data data = make_data(seed + 3);
@@ -262,6 +269,7 @@ TEST(DistributedDataParallelTest, AllreduceDtypeCompressesToBFloat16) {
 }
 
 TEST(DistributedDataParallelTest, BucketReducedHookSeesPredividedSumsAndAveragedGrads) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
     const Data data = make_data(seed + 5);
@@ -306,6 +314,7 @@ struct WithBufferImpl : torch::nn::Module {
 TORCH_MODULE(WithBuffer);
 
 TEST(DistributedDataParallelTest, BroadcastBuffersBeforeForwardIsAnOption) {
+  LTA_REQUIRE_GLOO();
   run_ranks([](int rank, const ddp::ProcessGroup& pg) {
     for (const bool broadcast : {true, false}) {
       WithBuffer model;
@@ -323,6 +332,7 @@ TEST(DistributedDataParallelTest, BroadcastBuffersBeforeForwardIsAnOption) {
 }
 
 TEST(DistributedDataParallelTest, ARankExitingMidTrainingFailsTheOthersQuicklyWithAClearError) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   const std::chrono::milliseconds timeout(8000);
   const auto start = Clock::now();
@@ -346,6 +356,7 @@ TEST(DistributedDataParallelTest, ARankExitingMidTrainingFailsTheOthersQuicklyWi
 }
 
 TEST(DistributedDataParallelTest, MismatchedModelsFailOnEveryRankNamingTheParameter) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   ddp_test::ScratchDir dir;
   run_ranks([&](int rank, const ddp::ProcessGroup& pg) {
@@ -356,10 +367,23 @@ TEST(DistributedDataParallelTest, MismatchedModelsFailOnEveryRankNamingTheParame
   for (int rank = 0; rank < kWorld; ++rank) {
     std::ifstream in(dir.file("rank" + std::to_string(rank)));
     const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_TRUE(contains_all(message, {"the module differs across ranks (checked on rank " + std::to_string(rank),
-                                       "entry #2 is 'parameter layers.1.weight [32, 32] Float' on rank 0 but "
-                                       "'parameter layers.1.weight [24, 32] Float' on rank 1"}));
+    EXPECT_TRUE(
+        contains_all(message, {"the module or the options differ across ranks (checked on rank " + std::to_string(rank),
+                               "entry #2 is 'parameter layers.1.weight [32, 32] Float' on rank 0 but "
+                               "'parameter layers.1.weight [24, 32] Float' on rank 1"}));
   }
+}
+
+TEST(DistributedDataParallelTest, DifferentBucketOptionsFailOnEveryRankInsteadOfPairingUnrelatedBuckets) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  const std::string message = error_of([&] {
+    run_ranks([&](int rank, const ddp::ProcessGroup& pg) {
+      Mlp model = make_model(seed, rank);
+      ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(rank + 1));
+    });
+  });
+  EXPECT_TRUE(contains_all(message, {"'option bucket_cap_mb=1 ", "' on rank 0 but 'option bucket_cap_mb=2 "}));
 }
 
 /// Uses its second layer only when told to.
@@ -376,6 +400,7 @@ struct BranchyImpl : torch::nn::Module {
 TORCH_MODULE(Branchy);
 
 TEST(DistributedDataParallelTest, AnUnusedParameterIsAnErrorNamingItUnlessAllowed) {
+  LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
   const std::string message = error_of([&] {
     run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
@@ -404,6 +429,70 @@ TEST(DistributedDataParallelTest, AnUnusedParameterIsAnErrorNamingItUnlessAllowe
     TORCH_CHECK(torch::allclose(model->sometimes->weight.grad(), expected, 1e-5, 1e-6), "rank ", rank,
                 ": the partly unused parameter's gradient is not half of rank 0's");
   });
+}
+
+// GPU checks. The parent never initializes CUDA (a forked child could not use it then): each child looks for a
+// GPU itself and, finding none, leaves a marker that makes the test skip.
+
+/// Runs fn(rank, pg) on `world` forked ranks over `backend` with the model on cuda:0; returns false when the
+/// children found no GPU.
+bool run_ranks_on_gpu(const std::string& backend, int world,
+                      const std::function<void(int, const ddp::ProcessGroup&)>& fn) {
+  ddp_test::ScratchDir dir;
+  ddp::spawn(world, [&](int rank, int) {
+    if (!torch::cuda::is_available()) {
+      std::ofstream(dir.file("no_gpu" + std::to_string(rank))) << "none";
+      return;
+    }
+    at::set_num_threads(1);
+    const ddp::ProcessGroup pg =
+        ddp::init_process_group(ddp::InitOptions().backend(backend).cuda_device(0).timeout(kTestTimeout));
+    fn(rank, pg);
+  });
+  return !std::ifstream(dir.file("no_gpu0")).good();
+}
+
+TEST(DistributedDataParallelTest, NcclWithWorldSizeOneOnTheGpuKeepsTheGradients) {
+  if (!ddp::backend_available("nccl")) GTEST_SKIP() << "needs the NCCL backend (a CUDA build)";
+  const uint64_t seed = test_util::fresh_seed();
+  const bool ran = run_ranks_on_gpu("nccl", 1, [seed](int, const ddp::ProcessGroup& pg) {
+    TORCH_CHECK(pg.device().is_cuda(), "an NCCL group works on CUDA tensors, got ", pg.device());
+    const Data d = make_data(seed);
+    const auto x = d.x.cuda(), y = d.y.cuda();
+    Mlp model = make_model(seed, 0);
+    model->to(torch::kCUDA);
+    Mlp local = make_model(seed, 0);
+    local->to(torch::kCUDA);
+    ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002));
+    for (int step = 0; step < 2; ++step) {  // the second step reuses the buckets
+      model->zero_grad();
+      local->zero_grad();
+      torch::mse_loss(ddp.forward(x), y).backward();
+      torch::mse_loss(local->forward(x), y).backward();
+      check_close(grads_of(*model), grads_of(*local), 0, 0, c10::str("NCCL world size 1, step ", step));
+    }
+  });
+  if (!ran) GTEST_SKIP() << "needs a CUDA GPU; none is present";
+}
+
+TEST(DistributedDataParallelTest, GlooWithCudaTensorsMatchesFullBatchGradients) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  const bool ran = run_ranks_on_gpu("gloo", kWorld, [seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed + 100);
+    Mlp ref = make_model(seed, 0);
+    ref->to(torch::kCUDA);
+    torch::mse_loss(ref->forward(data.x.cuda()), data.y.cuda()).backward();
+    const Data mine = shard(data, rank, pg.size());
+    for (const auto& options : bucket_variants()) {
+      Mlp model = make_model(seed, rank);
+      model->to(torch::kCUDA);
+      ddp::DistributedDataParallel ddp(model, pg, options);
+      torch::mse_loss(ddp.forward(mine.x.cuda()), mine.y.cuda()).backward();
+      check_close(grads_of(*model), grads_of(*ref), 1e-4, 1e-5, c10::str("rank ", rank, " (Gloo, CUDA tensors)"));
+    }
+  });
+  if (!ran) GTEST_SKIP() << "needs a CUDA GPU; none is present";
 }
 
 }  // namespace

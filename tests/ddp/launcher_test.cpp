@@ -146,6 +146,7 @@ constexpr std::chrono::seconds kLimit{60};
 int exit_code(const std::optional<int>& status) { return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1; }
 
 TEST(DdpLaunchTest, TwoWorkersTrainTogetherAndEndBitIdentical) {
+  LTA_REQUIRE_GLOO();
   ddp_test::ScratchDir out;
   Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 " + kWorker + " train --steps 3 --out " + out.path());
   ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
@@ -158,6 +159,7 @@ TEST(DdpLaunchTest, TwoWorkersTrainTogetherAndEndBitIdentical) {
 }
 
 TEST(DdpLaunchTest, AFailedWorkerIsNamedTheOthersStoppedAndItsCodeReturned) {
+  LTA_REQUIRE_GLOO();
   const auto start = Clock::now();
   Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 " + kWorker +
                  " fail --fail-rank 1 --code 7");
@@ -203,6 +205,7 @@ TEST(DdpLaunchTest, SigtermIsForwardedToTheWorkers) {
 }
 
 TEST(DdpLaunchTest, TwoNodesOnLocalhostTrainTogether) {
+  LTA_REQUIRE_GLOO();
   ddp_test::ScratchDir out;
   const std::string port = std::to_string(ddp::detail::find_free_port());
   const std::string common = " --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " + port;

@@ -54,6 +54,7 @@ void expect_sum_of_ranks(const ddp::ProcessGroup& pg) {
 }
 
 TEST(ProcessGroupTest, EnvInitMethodMeetsAllRanksAndAllreduces) {
+  LTA_REQUIRE_GLOO();
   ddp::spawn(2, [](int local_rank, int nprocs) {
     const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTestTimeout));
     TORCH_CHECK(pg.rank() == local_rank && pg.size() == nprocs, "rank/size ", pg.rank(), "/", pg.size());
@@ -63,6 +64,7 @@ TEST(ProcessGroupTest, EnvInitMethodMeetsAllRanksAndAllreduces) {
 }
 
 TEST(ProcessGroupTest, TcpInitMethodWithExplicitRankAndWorldSize) {
+  LTA_REQUIRE_GLOO();
   const int port = ddp::detail::find_free_port();
   ddp::spawn(2, [port](int local_rank, int nprocs) {
     // The explicit values win over the environment ddp::spawn set.
@@ -81,6 +83,7 @@ TEST(ProcessGroupTest, TcpInitMethodWithExplicitRankAndWorldSize) {
 }
 
 TEST(ProcessGroupTest, LaunchEnvOverloadUsesTheContract) {
+  LTA_REQUIRE_GLOO();
   ddp::spawn(2, [](int, int) {
     const ddp::ProcessGroup pg = ddp::init_process_group(ddp::launch_env_from_environment(), "gloo", kTestTimeout);
     expect_sum_of_ranks(pg);
@@ -89,6 +92,7 @@ TEST(ProcessGroupTest, LaunchEnvOverloadUsesTheContract) {
 }
 
 TEST(ProcessGroupTest, PortInUseIsNamed) {
+  LTA_REQUIRE_GLOO();
   BusyPort busy;
   const std::string message = error_of([&] {
     ddp::init_process_group(
@@ -99,6 +103,7 @@ TEST(ProcessGroupTest, PortInUseIsNamed) {
 }
 
 TEST(ProcessGroupTest, UnreachableMasterIsAnErrorWithinTheTimeout) {
+  LTA_REQUIRE_GLOO();
   const int port = ddp::detail::find_free_port();  // nobody listens there
   const milliseconds timeout(1500);
   const auto start = std::chrono::steady_clock::now();
@@ -113,6 +118,7 @@ TEST(ProcessGroupTest, UnreachableMasterIsAnErrorWithinTheTimeout) {
 }
 
 TEST(ProcessGroupTest, MissingRanksAreAnErrorWithinTheTimeout) {
+  LTA_REQUIRE_GLOO();
   const int port = ddp::detail::find_free_port();
   const milliseconds timeout(1000);
   const auto start = std::chrono::steady_clock::now();
