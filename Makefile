@@ -45,6 +45,7 @@ gpu-bundle:
 	rm -rf .deps && mkdir -p .deps/include
 	cp -r /usr/src/googletest .deps/googletest
 	cp -r /usr/include/CLI .deps/include/CLI
+	cp -r /usr/include/gloo .deps/include/gloo
 
 clean:
 	rm -rf $(BUILD_DIR)

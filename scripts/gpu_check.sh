@@ -7,7 +7,7 @@
 #   scripts/gpu_check.sh [--dry-run] [--deps DIR] [--build-dir DIR] OUTDIR
 #     --dry-run    the same steps without a GPU (CI runs this): default architectures, CPU benchmarks
 #     --deps DIR   third-party sources the machine lacks, as laid out by `make gpu-bundle`:
-#                  DIR/googletest (GoogleTest source) and DIR/include/CLI (CLI11 headers)
+#                  DIR/googletest (GoogleTest source), DIR/include/CLI (CLI11 headers), DIR/include/gloo
 #     --build-dir  build folder (default build-gpu); reusing an existing one makes a rebuild incremental
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +58,7 @@ if [ -n "$deps" ]; then
   deps=$(cd "$deps" && pwd)
   [ -d "$deps/googletest" ] && args+=(-DGTEST_SOURCE_DIR="$deps/googletest")
   [ -d "$deps/include/CLI" ] && args+=(-DCLI11_INCLUDE_DIR="$deps/include")
+  [ -d "$deps/include/gloo" ] && args+=(-DLIBTORCH_AMP_GLOO_INCLUDE_DIR="$deps/include")
 fi
 note "machine" "$(hostname) | GPU: $gpu | torch $torch_version"
 

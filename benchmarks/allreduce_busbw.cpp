@@ -1,0 +1,163 @@
+// Questions: (1) what bus bandwidth does a Gloo allreduce reach against the bucket size, on 2 local ranks
+// (busbw = bytes / time * 2(n-1)/n, the nccl-tests convention)? (2) how long is a DDP training step with the
+// buckets' allreduce overlapped with backward, against the same step with all reduction after backward (Apex's
+// delay_allreduce), and against the same step without any communication (DDP's overhead per sample)?
+// Both parts run 2 ranks forked by ddp::spawn in one run; rank 0 prints the tables.
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/process_group.h>
+#include <ddp/spawn.h>
+
+#include "common/timing.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWorld = 2;
+constexpr std::chrono::milliseconds kTimeout{120000};
+constexpr double kSmallCapMb = 4.0;  // about one layer per bucket for the model below: the most overlap
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+void allreduce_table(const ddp::ProcessGroup& pg, bool full, int rounds) {
+  std::vector<int64_t> sizes_bytes = {4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 25 << 20};
+  if (full) sizes_bytes.push_back(int64_t{64} << 20);
+  const double bus_factor = 2.0 * (pg.size() - 1) / pg.size();
+  if (pg.rank() == 0) {
+    fmt::print("Gloo allreduce (SUM, fp32), {} ranks on this host, median of {} rounds\n", pg.size(), rounds);
+    fmt::print("| bucket | time per allreduce | algbw GB/s | busbw GB/s |\n|---|---|---|---|\n");
+  }
+  for (const int64_t bytes : sizes_bytes) {
+    at::Tensor t = torch::randn({bytes / static_cast<int64_t>(sizeof(float))});
+    // Enough operations per sample that a sample lasts a few milliseconds even for the small buckets.
+    const int ops = static_cast<int>(std::clamp<int64_t>((int64_t{8} << 20) / bytes, 2, 200));
+    for (int i = 0; i < 2; ++i) pg.wait(pg.allreduce_sum_async(t), "warm-up allreduce");
+    std::vector<double> per_op;
+    for (int r = 0; r < rounds; ++r) {
+      pg.barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < ops; ++i) pg.wait(pg.allreduce_sum_async(t), "allreduce");
+      per_op.push_back(seconds_since(start) / ops);
+    }
+    const double s = bench::median(per_op);
+    const double algbw = static_cast<double>(bytes) / s;
+    if (pg.rank() == 0) {
+      fmt::print("| {} | {:.3f} ms | {:.2f} | {:.2f} |\n",
+                 bytes >= (1 << 20) ? fmt::format("{} MiB", bytes >> 20) : fmt::format("{} KiB", bytes >> 10), s * 1e3,
+                 algbw / 1e9, algbw * bus_factor / 1e9);
+    }
+  }
+}
+
+struct Net : torch::nn::Module {
+  Net(int64_t width, int depth) {
+    for (int i = 0; i < depth; ++i) layers->push_back(torch::nn::Linear(width, width));
+    register_module("layers", layers);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& layer : *layers) x = torch::relu(layer->as<torch::nn::Linear>()->forward(x));
+    return x;
+  }
+  torch::nn::ModuleList layers;
+};
+
+void step_table(const ddp::ProcessGroup& pg, bool full, int rounds) {
+  const int64_t width = full ? 2048 : 1024;
+  const int depth = 8;
+  const int64_t batch = 64;  // per rank
+  torch::manual_seed(0);
+  auto overlap_model = std::make_shared<Net>(width, depth);
+  auto small_model = std::make_shared<Net>(width, depth);
+  auto delayed_model = std::make_shared<Net>(width, depth);
+  auto local_model = std::make_shared<Net>(width, depth);
+  ddp::DistributedDataParallel overlap(overlap_model, pg);  // PyTorch's defaults: 1 MB first bucket, then 25 MB
+  ddp::DistributedDataParallel small(small_model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(kSmallCapMb));
+  ddp::DistributedDataParallel delayed(delayed_model, pg, ddp::DistributedDataParallelOptions().delay_allreduce(true));
+  const auto x = torch::randn({batch, width});
+  const auto y = torch::randn({batch, width});
+  int64_t params = 0;
+  for (const auto& p : local_model->parameters()) params += p.numel();
+
+  struct Variant {
+    std::string name;
+    std::function<void()> step;
+    std::vector<double> seconds;
+  };
+  std::vector<Variant> variants = {
+      {fmt::format("DDP, overlapped, default buckets ({} buckets)", overlap.buckets().size()),
+       [&] {
+         overlap_model->zero_grad();
+         torch::mse_loss(overlap.forward(x), y).backward();
+       },
+       {}},
+      {fmt::format("DDP, overlapped, {} MB buckets ({} buckets)", kSmallCapMb, small.buckets().size()),
+       [&] {
+         small_model->zero_grad();
+         torch::mse_loss(small.forward(x), y).backward();
+       },
+       {}},
+      {"DDP, allreduce after backward (delay_allreduce)",
+       [&] {
+         delayed_model->zero_grad();
+         torch::mse_loss(delayed.forward(x), y).backward();
+       },
+       {}},
+      {"no communication (one process's share)",
+       [&] {
+         local_model->zero_grad();
+         torch::mse_loss(local_model->forward(x), y).backward();
+       },
+       {}}};
+  for (auto& v : variants) v.step();  // warm-up
+  for (int r = 0; r < rounds; ++r) {
+    for (auto& v : variants) {
+      pg.barrier();
+      const auto start = Clock::now();
+      v.step();
+      v.seconds.push_back(seconds_since(start));
+    }
+  }
+  if (pg.rank() != 0) return;
+  const double local = bench::median(variants[3].seconds);
+  fmt::print(
+      "\nDDP step (forward + backward + gradient averaging), MLP {} x Linear({}, {}) = {:.1f} M params "
+      "({:.0f} MB of fp32 gradients), batch {} per rank, {} ranks, median of {} rounds\n",
+      depth, width, width, params / 1e6, params * 4.0 / 1e6, batch, pg.size(), rounds);
+  fmt::print("| variant | step ms | us per sample | x no-communication |\n|---|---|---|---|\n");
+  for (const auto& v : variants) {
+    const double s = bench::median(v.seconds);
+    fmt::print("| {} | {:.1f} | {:.1f} | {:.2f}x |\n", v.name, s * 1e3, s * 1e6 / batch, s / local);
+  }
+  fmt::print("delay_allreduce / overlapped: {:.2f}x (default buckets), {:.2f}x ({} MB buckets)\n",
+             bench::median(variants[2].seconds) / bench::median(variants[0].seconds),
+             bench::median(variants[2].seconds) / bench::median(variants[1].seconds), kSmallCapMb);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool full = false;
+  int rounds = 10;
+  int threads = 1;
+  CLI::App app{"Gloo allreduce bus bandwidth vs bucket size; DDP step with and without overlap (2 local ranks)"};
+  app.add_flag("--full", full, "Larger buckets (64 MiB) and a wider model");
+  app.add_option("--rounds", rounds, "Timed rounds per measurement")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "Intra-op threads per rank")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  ddp::spawn(kWorld, [&](int, int) {
+    at::set_num_threads(threads);
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));
+    allreduce_table(pg, full, rounds);
+    step_table(pg, full, rounds);
+  });
+  return 0;
+}

@@ -1,0 +1,415 @@
+#include <ddp/distributed_data_parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+
+#include <ATen/Functions.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <ddp/bucket_copy.h>
+
+namespace ddp {
+namespace {
+
+constexpr double kBytesPerMb = 1024.0 * 1024.0;
+constexpr int kRoot = 0;  // the rank whose parameters and buffers every rank starts from
+
+using Clock = std::chrono::steady_clock;
+
+/// Tensors grouped by (dtype, device) in first-appearance order: one flat buffer, so one collective, per group.
+std::vector<std::vector<at::Tensor>> group_by_dtype_and_device(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::vector<at::Tensor>> groups;
+  std::vector<std::pair<c10::ScalarType, c10::Device>> keys;
+  for (const at::Tensor& t : tensors) {
+    const std::pair<c10::ScalarType, c10::Device> key{t.scalar_type(), t.device()};
+    auto it = std::find(keys.begin(), keys.end(), key);
+    if (it == keys.end()) {
+      keys.push_back(key);
+      groups.emplace_back();
+      it = keys.end() - 1;
+    }
+    groups[static_cast<size_t>(it - keys.begin())].push_back(t);
+  }
+  return groups;
+}
+
+int64_t total_elements(const std::vector<at::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const at::Tensor& t : tensors) n += t.numel();
+  return n;
+}
+
+/// Overwrites `tensors` on every rank with rank 0's values. Collective.
+void broadcast_from_root(const ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
+  if (pg.size() == 1 || tensors.empty()) return;
+  c10::NoGradGuard no_grad;  // parameters are leaves that require grad; writing them is not part of the graph
+  for (const auto& group : group_by_dtype_and_device(tensors)) {
+    at::Tensor flat = at::empty({total_elements(group)}, group.front().options());
+    if (pg.rank() == kRoot) detail::copy_into_bucket(flat, group, 1.0);
+    pg.broadcast_(flat, kRoot);
+    if (pg.rank() != kRoot) detail::copy_from_bucket(flat, group, 1.0);
+  }
+}
+
+uint64_t fnv1a(const std::string& text) {
+  constexpr uint64_t kOffsetBasis = 14695981039346656037ull;
+  constexpr uint64_t kPrime = 1099511628211ull;
+  uint64_t h = kOffsetBasis;
+  for (unsigned char c : text) h = (h ^ c) * kPrime;
+  return h;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+/// One line per parameter and buffer, then the options that shape the buckets: what must agree across ranks
+/// (different bucket layouts would pair up unrelated allreduces).
+std::vector<std::string> describe(const torch::nn::Module& module, const DistributedDataParallelOptions& o) {
+  std::vector<std::string> lines;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    lines.push_back(c10::str("parameter ", p.key(), " ", p.value().sizes(), " ", p.value().scalar_type(),
+                             p.value().requires_grad() ? "" : " (requires_grad=false)"));
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    lines.push_back(c10::str("buffer ", b.key(), " ", b.value().sizes(), " ", b.value().scalar_type()));
+  }
+  lines.push_back(c10::str("option bucket_cap_mb=", o.bucket_cap_mb(), " first_bucket_mb=", o.first_bucket_mb(),
+                           " allreduce_dtype=", o.allreduce_dtype() ? c10::toString(*o.allreduce_dtype()) : "grad",
+                           " broadcast_buffers=", o.broadcast_buffers(), " delay_allreduce=", o.delay_allreduce(),
+                           " find_unused_parameters=", o.find_unused_parameters(),
+                           " gradient_predivide_factor=", o.gradient_predivide_factor()));
+  return lines;
+}
+
+/// Throws on every rank, with the same message, when the ranks' modules differ. Two collectives when they agree
+/// (a hash), two more when they do not (the descriptions), so every rank reaches the same verdict: no rank
+/// proceeds to a broadcast that the others skip. Construction only, so reading the results on the host is fine.
+void verify_same_model_on_all_ranks(const ProcessGroup& pg, const torch::nn::Module& module,
+                                    const DistributedDataParallelOptions& options) {
+  if (pg.size() == 1) return;
+  std::string mine;
+  for (const auto& line : describe(module, options)) mine += line + "\n";
+  const at::Tensor summary =
+      at::tensor({static_cast<int64_t>(fnv1a(mine)), static_cast<int64_t>(mine.size())}, at::kLong).to(pg.device());
+  std::vector<at::Tensor> summaries = pg.allgather(summary);
+  for (at::Tensor& s : summaries) s = s.cpu();
+  int64_t longest = 0;
+  bool all_equal = true;
+  for (const at::Tensor& s : summaries) {
+    all_equal = all_equal && s[0].item<int64_t>() == summaries[0][0].item<int64_t>();
+    longest = std::max(longest, s[1].item<int64_t>());
+  }
+  if (all_equal) return;
+
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());
+  const std::vector<at::Tensor> all_bytes = pg.allgather(bytes.to(pg.device()));
+  std::vector<std::vector<std::string>> lines;
+  for (size_t r = 0; r < all_bytes.size(); ++r) {
+    const at::Tensor host = all_bytes[r].cpu();
+    const auto* data = reinterpret_cast<const char*>(host.data_ptr<uint8_t>());
+    lines.push_back(split_lines(std::string(data, static_cast<size_t>(summaries[r][1].item<int64_t>()))));
+  }
+  // Everyone compares rank 0 with the first rank that differs from it, so every rank names the same entry.
+  for (size_t r = 1; r < lines.size(); ++r) {
+    if (lines[r] == lines[0]) continue;
+    size_t i = 0;
+    while (i < lines[0].size() && i < lines[r].size() && lines[0][i] == lines[r][i]) ++i;
+    auto entry = [&](size_t rank) { return i < lines[rank].size() ? "'" + lines[rank][i] + "'" : "nothing"; };
+    TORCH_CHECK(false, "DistributedDataParallel: the module or the options differ across ranks (checked on rank ",
+                pg.rank(), "): entry #", i, " is ", entry(0), " on rank 0 but ", entry(r), " on rank ", r,
+                ". Every rank must build the same model with the same options.");
+  }
+}
+
+void check_options(const DistributedDataParallelOptions& o) {
+  TORCH_CHECK(o.bucket_cap_mb() > 0, "bucket_cap_mb must be > 0, got ", o.bucket_cap_mb());
+  TORCH_CHECK(o.first_bucket_mb() > 0, "first_bucket_mb must be > 0, got ", o.first_bucket_mb());
+  TORCH_CHECK(o.gradient_predivide_factor() > 0, "gradient_predivide_factor must be > 0, got ",
+              o.gradient_predivide_factor());
+  if (o.allreduce_dtype()) {
+    const c10::ScalarType t = *o.allreduce_dtype();
+    TORCH_CHECK(t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble,
+                "allreduce_dtype must be Float, Half, BFloat16 or Double, got ", t);
+  }
+}
+
+}  // namespace
+
+class DistributedDataParallel::Impl {
+ public:
+  Impl(std::shared_ptr<torch::nn::Module> module, ProcessGroup pg, Options options)
+      : module_(std::move(module)), pg_(std::move(pg)), options_(std::move(options)) {
+    TORCH_CHECK(module_, "DistributedDataParallel: module is null");
+    check_options(options_);
+    verify_same_model_on_all_ranks(pg_, *module_, options_);
+    broadcast_from_root(pg_, module_->parameters(/*recurse=*/true));
+    broadcast_from_root(pg_, module_->buffers(/*recurse=*/true));
+    for (const auto& p : module_->named_parameters(/*recurse=*/true)) {
+      if (p.value().requires_grad()) params_.push_back({p.value(), p.key(), -1, false});
+    }
+    build_buckets();
+    register_hooks();
+  }
+
+  ~Impl() {
+    for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
+  }
+
+  void before_forward() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (in_backward_) reset_iteration();  // the previous backward threw before its end-of-backward callback
+    }
+    if (options_.broadcast_buffers()) broadcast_from_root(pg_, module_->buffers(/*recurse=*/true));
+  }
+
+  void set_sync(bool enabled) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(enabled || sync_enabled_, "DistributedDataParallel::no_sync() scopes do not nest");
+    sync_enabled_ = enabled;
+  }
+
+  std::vector<BucketInfo> bucket_infos() const {
+    std::vector<BucketInfo> infos;
+    for (const Bucket& b : buckets_) {
+      BucketInfo info;
+      for (int64_t p : b.params) info.parameter_names.push_back(params_[p].name);
+      info.num_elements = b.buffer.numel();
+      info.dtype = b.buffer.scalar_type();
+      info.device = b.buffer.device();
+      infos.push_back(std::move(info));
+    }
+    return infos;
+  }
+
+  std::shared_ptr<torch::nn::Module> module_;
+  ProcessGroup pg_;
+  Options options_;
+  std::function<void(const ReducedBucket&)> bucket_reduced_hook_;
+  BackwardTimeline timeline_;
+
+ private:
+  struct Param {
+    at::Tensor tensor;
+    std::string name;
+    int64_t bucket;
+    bool ready;  // its gradient was accumulated in the current backward pass
+  };
+  struct Bucket {
+    std::vector<int64_t> params;
+    at::Tensor buffer;
+    int64_t pending = 0;  // parameters of the bucket whose gradient is not ready yet
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  /// Buckets of one dtype and device each, filled in reverse registration order (the order in which backward
+  /// tends to produce gradients): the first bucket of each kind is capped at first_bucket_mb, the others at
+  /// bucket_cap_mb, and a bucket closes once it reaches its cap.
+  void build_buckets() {
+    struct Open {
+      std::vector<int64_t> params;
+      int64_t bytes = 0;
+      int closed = 0;
+      size_t order;  // position of the bucket among all buckets, by when it was opened
+    };
+    std::map<std::tuple<c10::ScalarType, c10::DeviceType, c10::DeviceIndex>, Open> open;
+    std::vector<std::pair<size_t, std::vector<int64_t>>> done;  // (opening order, params)
+    size_t opened = 0;
+    for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+      const at::Tensor& t = params_[i].tensor;
+      const c10::ScalarType wire = options_.allreduce_dtype().value_or(t.scalar_type());
+      Open& o = open[{t.scalar_type(), t.device().type(), t.device().index()}];
+      if (o.params.empty()) o.order = opened++;
+      o.params.push_back(i);
+      o.bytes += t.numel() * static_cast<int64_t>(c10::elementSize(wire));
+      const double cap_mb = o.closed == 0 ? options_.first_bucket_mb() : options_.bucket_cap_mb();
+      if (static_cast<double>(o.bytes) >= cap_mb * kBytesPerMb) {
+        done.emplace_back(o.order, std::move(o.params));
+        o.params.clear();
+        o.bytes = 0;
+        ++o.closed;
+      }
+    }
+    for (auto& [key, o] : open) {
+      if (!o.params.empty()) done.emplace_back(o.order, std::move(o.params));
+    }
+    std::sort(done.begin(), done.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [order, members] : done) {
+      Bucket b;
+      b.params = std::move(members);
+      int64_t numel = 0;
+      for (int64_t p : b.params) {
+        numel += params_[p].tensor.numel();
+        params_[p].bucket = static_cast<int64_t>(buckets_.size());
+      }
+      const at::Tensor& first = params_[b.params.front()].tensor;
+      b.buffer = at::empty({numel}, first.options().dtype(options_.allreduce_dtype().value_or(first.scalar_type())));
+      b.pending = static_cast<int64_t>(b.params.size());
+      buckets_.push_back(std::move(b));
+    }
+    timeline_.bucket_issued.resize(buckets_.size());
+  }
+
+  void register_hooks() {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(params_[i].tensor);
+      TORCH_CHECK(accumulator, "DistributedDataParallel: parameter ", params_[i].name,
+                  " has no gradient accumulator (is it a leaf tensor that requires grad?)");
+      const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            on_gradient_ready(static_cast<int64_t>(i));
+            return outputs;
+          }));
+      // Kept alive here: a parameter holds its accumulator weakly, and a new one would not carry our hook.
+      hooks_.emplace_back(std::move(accumulator), key);
+    }
+  }
+
+  /// Runs after autograd accumulated parameter `index`'s gradient into .grad.
+  void on_gradient_ready(int64_t index) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!sync_enabled_) return;
+    const auto now = Clock::now();
+    if (!in_backward_) {
+      in_backward_ = true;
+      std::fill(timeline_.bucket_issued.begin(), timeline_.bucket_issued.end(), BackwardTimeline::TimePoint{});
+      timeline_.first_gradient_ready = now;
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+    }
+    timeline_.last_gradient_ready = now;
+    Param& p = params_[index];
+    TORCH_CHECK(!p.ready, "DistributedDataParallel: parameter ", p.name,
+                " received its gradient twice in one backward pass (reentrant backward or a shared leaf); this is "
+                "not supported");
+    p.ready = true;
+    --buckets_[p.bucket].pending;
+    if (!options_.delay_allreduce()) launch_ready_buckets();
+  }
+
+  /// Starts, in bucket order, every bucket whose gradients are all ready: the same order on every rank, which
+  /// is what pairs up each rank's collectives.
+  void launch_ready_buckets() {
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) launch(next_bucket_++);
+  }
+
+  void launch(size_t index) {
+    Bucket& b = buckets_[index];
+    std::vector<at::Tensor> grads;
+    grads.reserve(b.params.size());
+    for (int64_t pi : b.params) {
+      const at::Tensor& param = params_[pi].tensor;
+      const at::Tensor& grad = param.grad();
+      // Only with find_unused_parameters: a parameter without any gradient contributes zeros.
+      grads.push_back(grad.defined() ? grad : at::zeros_like(param));
+    }
+    detail::copy_into_bucket(b.buffer, grads, 1.0 / options_.gradient_predivide_factor());
+    b.work = pg_.allreduce_sum_async(b.buffer);
+    timeline_.bucket_issued[index] = Clock::now();
+  }
+
+  std::string bucket_name(size_t index) const {
+    const Bucket& b = buckets_[index];
+    return c10::str("allreduce of gradient bucket ", index, " of ", buckets_.size(), " (", b.params.size(),
+                    " parameters, ", params_[b.params.front()].name, " .. ", params_[b.params.back()].name, ")");
+  }
+
+  /// The end-of-backward callback: every bucket is started (late ones now), waited for, and its average written
+  /// back into .grad.
+  void finish_backward() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    timeline_.backward_finished = Clock::now();
+    struct ResetAtExit {
+      Impl* impl;
+      ~ResetAtExit() { impl->reset_iteration(); }
+    } reset_at_exit{this};
+
+    std::vector<std::string> unused;
+    for (const Param& p : params_) {
+      if (!p.ready) unused.push_back(p.name);
+    }
+    if (!unused.empty()) {
+      TORCH_CHECK(options_.find_unused_parameters(), "DistributedDataParallel: rank ", pg_.rank(), ": ", unused.size(),
+                  " parameter(s) got no gradient in this backward pass: ", c10::Join(", ", unused),
+                  ". Every parameter must take part in computing the loss on every rank, or construct "
+                  "DistributedDataParallel with find_unused_parameters(true).");
+      for (Bucket& b : buckets_) b.pending = 0;
+    }
+    launch_ready_buckets();
+
+    const double average_scale = options_.gradient_predivide_factor() / static_cast<double>(pg_.size());
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
+      pg_.wait(b.work, bucket_name(i));
+      std::vector<at::Tensor> grads;
+      grads.reserve(b.params.size());
+      for (int64_t pi : b.params) {
+        at::Tensor& param = params_[pi].tensor;
+        if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
+        grads.push_back(param.grad());
+      }
+      detail::copy_from_bucket(b.buffer, grads, average_scale);
+      if (bucket_reduced_hook_) bucket_reduced_hook_(ReducedBucket{static_cast<int64_t>(i), b.buffer, grads});
+    }
+  }
+
+  void reset_iteration() {
+    for (Param& p : params_) p.ready = false;
+    for (Bucket& b : buckets_) {
+      b.pending = static_cast<int64_t>(b.params.size());
+      b.work.reset();
+    }
+    next_bucket_ = 0;
+    in_backward_ = false;
+  }
+
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  std::mutex mutex_;
+  size_t next_bucket_ = 0;
+  bool in_backward_ = false;
+  bool sync_enabled_ = true;
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 torch::nn::AnyModule any_module, ProcessGroup process_group,
+                                                 Options options)
+    : any_module_(std::move(any_module)),
+      impl_(std::make_unique<Impl>(std::move(module), std::move(process_group), std::move(options))) {}
+
+DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;
+DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParallel&&) noexcept = default;
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::before_forward() { impl_->before_forward(); }
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp) : ddp_(ddp) {
+  ddp_.impl_->set_sync(false);
+}
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() { ddp_.impl_->set_sync(true); }
+
+void DistributedDataParallel::set_bucket_reduced_hook(std::function<void(const ReducedBucket&)> hook) {
+  impl_->bucket_reduced_hook_ = std::move(hook);
+}
+
+const std::shared_ptr<torch::nn::Module>& DistributedDataParallel::module() const { return impl_->module_; }
+const ProcessGroup& DistributedDataParallel::process_group() const { return impl_->pg_; }
+const DistributedDataParallel::Options& DistributedDataParallel::options() const { return impl_->options_; }
+std::vector<BucketInfo> DistributedDataParallel::buckets() const { return impl_->bucket_infos(); }
+const BackwardTimeline& DistributedDataParallel::last_backward_timeline() const { return impl_->timeline_; }
+
+}  // namespace ddp

@@ -1,0 +1,172 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/detail/static.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+
+#include <ddp/process_group.h>
+
+namespace ddp {
+
+struct DistributedDataParallelOptions {
+  /// Largest bucket, in MB (2^20 bytes) of gradient in the allreduce dtype. A parameter larger than the cap gets
+  /// a bucket of its own.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  /// Cap of the first bucket (the last layers' gradients, ready first): small, so communication starts early.
+  TORCH_ARG(double, first_bucket_mb) = 1.0;
+  /// Broadcast the module's buffers (BatchNorm statistics) from rank 0 before every forward().
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  /// Allow parameters that get no gradient in a backward pass: they contribute zeros to the average (their
+  /// buckets are then reduced at the end of backward). Without it, such a parameter is an error naming it.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// Apex's delay_allreduce: reduce all buckets after backward instead of overlapping with it (a baseline).
+  TORCH_ARG(bool, delay_allreduce) = false;
+  /// Gradients are divided by this before the allreduce and by world_size / factor after it (Apex's
+  /// gradient_predivide_factor): > 1 keeps fp16 sums of many ranks in range. Must be > 0.
+  TORCH_ARG(double, gradient_predivide_factor) = 1.0;
+  /// dtype of the buckets on the wire: the gradients' own (nullopt), kFloat (reduce fp16/bf16 gradients in
+  /// fp32), or kBFloat16 / kHalf (compress fp32 gradients to half the bytes).
+  TORCH_ARG(std::optional<c10::ScalarType>, allreduce_dtype) = std::nullopt;
+};
+
+/// One bucket's layout, for inspection.
+struct BucketInfo {
+  std::vector<std::string> parameter_names;  // in bucket order (reverse registration order)
+  int64_t num_elements = 0;
+  c10::ScalarType dtype = c10::kFloat;  // the allreduce dtype
+  c10::Device device = c10::kCPU;
+};
+
+/// When things happened in the last synchronized backward pass (steady clock), to verify overlap.
+struct BackwardTimeline {
+  using TimePoint = std::chrono::steady_clock::time_point;
+  TimePoint first_gradient_ready;
+  TimePoint last_gradient_ready;
+  TimePoint backward_finished;           // the end-of-backward callback started
+  std::vector<TimePoint> bucket_issued;  // per bucket: its allreduce was started
+};
+
+/// What the bucket-reduced hook sees; see DistributedDataParallel::set_bucket_reduced_hook.
+struct ReducedBucket {
+  int64_t index = 0;
+  /// The flat bucket after the allreduce: the sum over ranks of gradient / gradient_predivide_factor, in the
+  /// allreduce dtype.
+  at::Tensor buffer;
+  /// The bucket's parameters' .grad tensors, already holding the average over ranks.
+  std::vector<at::Tensor> grads;
+};
+
+/// Data-parallel training of one module replicated in every process of `process_group` (one device per
+/// process). At construction it checks that every rank has the same parameters and buffers (names, shapes,
+/// dtypes; a mismatch throws on every rank naming the first differing one, without hanging) and broadcasts
+/// them from rank 0. Then every backward pass through the module's parameters averages their gradients over
+/// the ranks: autograd hooks copy gradients into buckets as they become ready and start each bucket's
+/// allreduce as soon as its last gradient is ready (buckets start in the same order on every rank), so
+/// communication overlaps the rest of backward; at the end of backward the averaged values are written back to
+/// the parameters' .grad. loss.backward() returns with averaged gradients; a failed collective or an unused
+/// parameter throws out of backward().
+///
+/// The module must not change its parameters (device, dtype, set) after construction. While the object lives,
+/// every backward through the module's parameters synchronizes, except inside no_sync(). Not copyable; movable.
+/// Bucket layout is fixed at construction (reverse parameter order); it is not rebuilt from the observed order.
+class DistributedDataParallel {
+ public:
+  using Options = DistributedDataParallelOptions;
+
+  /// Wraps `module` (a shared_ptr to any torch::nn::Module subclass). When the module has a single forward(),
+  /// DistributedDataParallel::forward() calls it.
+  template <typename ModuleType>
+  DistributedDataParallel(std::shared_ptr<ModuleType> module, ProcessGroup process_group, Options options = {})
+      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module), any_module_of(module),
+                                std::move(process_group), std::move(options)) {
+    if constexpr (std::is_base_of_v<torch::nn::SequentialImpl, ModuleType>) sequential_ = module;
+  }
+
+  /// Wraps the module held by a ModuleHolder (torch::nn::Linear, TORCH_MODULE(Net), ...).
+  template <typename ModuleType>
+  DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module, ProcessGroup process_group,
+                          Options options = {})
+      : DistributedDataParallel(module.ptr(), std::move(process_group), std::move(options)) {}
+
+  DistributedDataParallel(DistributedDataParallel&&) noexcept;
+  DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
+  ~DistributedDataParallel();
+
+  /// Calls before_forward(), then the module's forward(args...). Needs a module with a single forward(), or a
+  /// torch::nn::Sequential.
+  template <typename ReturnType = at::Tensor, typename... Args>
+  ReturnType forward(Args&&... args) {
+    TORCH_CHECK(sequential_ || !any_module_.is_empty(),
+                "DistributedDataParallel::forward: the module has no single forward(); call before_forward() and "
+                "then the module's own forward");
+    before_forward();
+    if (sequential_) return sequential_->forward<ReturnType>(std::forward<Args>(args)...);
+    return any_module_.forward<ReturnType>(std::forward<Args>(args)...);
+  }
+
+  /// What forward() does before calling the module: broadcasts buffers from rank 0 when broadcast_buffers is
+  /// set, and discards the state of a backward pass that did not finish (it threw). Collective: call it on every
+  /// rank, or on none. Blocks the host until the broadcast is done (Gloo).
+  void before_forward();
+
+  /// RAII scope in which backward passes accumulate gradients locally, without communication (gradient
+  /// accumulation); the first backward after the scope averages the accumulated gradients. Not nestable.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel& ddp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  /// The hook point for work on reduced gradients (amp's fused unscale and overflow check): `hook` runs once
+  /// per bucket, in bucket order, on the thread that finishes backward, after the bucket's allreduce completed
+  /// and its averaged gradients were written back. An empty function removes the hook.
+  void set_bucket_reduced_hook(std::function<void(const ReducedBucket&)> hook);
+
+  const std::shared_ptr<torch::nn::Module>& module() const;
+  const ProcessGroup& process_group() const;
+  const Options& options() const;
+  std::vector<BucketInfo> buckets() const;
+  /// Timestamps of the last backward pass that synchronized.
+  const BackwardTimeline& last_backward_timeline() const;
+
+ private:
+  class Impl;
+
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, torch::nn::AnyModule any_module,
+                          ProcessGroup process_group, Options options);
+
+  template <typename ModuleType>
+  static torch::nn::AnyModule any_module_of(const std::shared_ptr<ModuleType>& module) {
+    if constexpr (torch::detail::has_forward<ModuleType>::value) {
+      return torch::nn::AnyModule(module);
+    } else {
+      return torch::nn::AnyModule();
+    }
+  }
+
+  torch::nn::AnyModule any_module_;                        // a module with a single forward()
+  std::shared_ptr<torch::nn::SequentialImpl> sequential_;  // Sequential's forward is a template
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,106 @@
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <ddp/launch_env.h>
+
+namespace ddp {
+
+/// torch.distributed's default collective timeout (30 minutes): long enough for a slow first step, short enough
+/// that a lost peer ends the job instead of holding its machines forever. Tests pass seconds.
+constexpr std::chrono::milliseconds kDefaultTimeout{30 * 60 * 1000};
+
+/// How to meet the other processes and which backend to talk through.
+struct InitOptions {
+  /// "gloo" (CPU tensors, and CUDA tensors staged through the host) or "nccl" (CUDA tensors).
+  TORCH_ARG(std::string, backend) = "gloo";
+  /// "env://": MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (and LOCAL_*) from the environment (ddp-launch,
+  /// torchrun, ddp::spawn); "tcp://host:port": rank 0 listens on host:port, rank and world_size come from the
+  /// options below or, when unset there, from RANK / WORLD_SIZE.
+  TORCH_ARG(std::string, init_method) = "env://";
+  /// Overrides RANK; required with tcp:// when RANK is not set.
+  TORCH_ARG(std::optional<int>, rank) = std::nullopt;
+  /// Overrides WORLD_SIZE; required with tcp:// when WORLD_SIZE is not set.
+  TORCH_ARG(std::optional<int>, world_size) = std::nullopt;
+  /// Bounds the rendezvous (reaching the master, all ranks joining) and every collective: past it, the call
+  /// throws instead of waiting.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultTimeout;
+  /// Gloo only: the address this rank's Gloo device binds to. Empty: GLOO_SOCKET_IFNAME when set, else the
+  /// loopback address when the master is local (127.x, localhost), else the address the host name resolves to.
+  TORCH_ARG(std::string, gloo_hostname) = "";
+  /// NCCL only: the CUDA device index this rank uses (default: LOCAL_RANK from the environment, else 0).
+  TORCH_ARG(std::optional<int>, cuda_device) = std::nullopt;
+};
+
+/// A process group: this rank's view of the job's communicator, and the store it met the others through.
+/// Cheap to copy (shared handles). Collectives of the group must be issued in the same order on every rank.
+class ProcessGroup {
+ public:
+  /// `device`: where this group's collectives take tensors (CPU for Gloo, which also takes CUDA tensors; the
+  /// rank's CUDA device for NCCL).
+  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
+               std::string backend_name, std::chrono::milliseconds timeout, c10::Device device = c10::kCPU);
+
+  int rank() const { return backend_->getRank(); }
+  int size() const { return backend_->getSize(); }
+  const std::string& backend_name() const { return backend_name_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  /// Where bookkeeping tensors for this group's collectives must live (see the constructor).
+  c10::Device device() const { return device_; }
+  const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+  /// Starts an in-place SUM allreduce of `tensor` (dense, contiguous, same shape and dtype on every rank) and
+  /// returns its work; wait on it with wait(). Host syncs: none (Gloo runs it on its own threads).
+  c10::intrusive_ptr<c10d::Work> allreduce_sum_async(at::Tensor& tensor) const;
+
+  /// Waits for `work`; a failure (peer gone, timeout) is rethrown as a c10::Error that says which operation
+  /// (`what`) failed on which rank and why. Blocks the host for Gloo; for NCCL it only orders the current stream.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;
+
+  /// Blocking broadcast of `tensor` from rank `root` into every rank's `tensor` (same shape and dtype everywhere).
+  void broadcast_(at::Tensor& tensor, int root) const;
+
+  /// Blocking allgather: returns one tensor per rank, in rank order, each shaped like `tensor` (which must have
+  /// the same shape and dtype on every rank).
+  std::vector<at::Tensor> allgather(const at::Tensor& tensor) const;
+
+  /// Blocking barrier over all ranks.
+  void barrier() const;
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::string backend_name_;
+  std::chrono::milliseconds timeout_;
+  c10::Device device_;
+};
+
+/// Meets the other ranks as `options` says and returns the process group. Rank 0 hosts the rendezvous store
+/// (a TCPStore) on the master's port; every rank then builds the backend over it.
+///
+/// Throws c10::Error naming the offending variable or value when: a launcher variable is missing or malformed;
+/// the init method is not env:// or tcp://host:port; the backend is unknown or not built in; the master's port
+/// is already in use (rank 0); the master cannot be reached, or not all WORLD_SIZE ranks join, within
+/// options.timeout(). Never waits longer than about options.timeout() per phase.
+ProcessGroup init_process_group(const InitOptions& options = {});
+
+/// Shorthand: the environment contract already read (ddp::launch_env_from_environment()), a backend name, and
+/// a timeout.
+ProcessGroup init_process_group(const LaunchEnv& env, const std::string& backend = "gloo",
+                                std::chrono::milliseconds timeout = kDefaultTimeout);
+
+/// Whether a backend ("gloo", "nccl") was compiled into this build of libtorch_amp.
+bool backend_available(const std::string& backend);
+
+}  // namespace ddp

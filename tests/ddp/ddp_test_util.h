@@ -1,0 +1,105 @@
+#pragma once
+
+// Helpers for the ddp tests: errors that must name something, scratch directories shared by worker processes,
+// and short timeouts so that a broken collective fails the test instead of hanging it.
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <ddp/process_group.h>
+#include <gtest/gtest.h>
+
+/// Skips the current test, with the reason, when this build has no Gloo backend (gloo's headers were missing).
+#define LTA_REQUIRE_GLOO()                                                                                         \
+  do {                                                                                                             \
+    if (!::ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)"; \
+  } while (0)
+
+namespace ddp_test {
+
+/// Collectives in tests: long enough for a loaded 2-core machine, short enough to end a broken test quickly.
+constexpr std::chrono::milliseconds kTestTimeout{20000};
+
+/// Runs `fn`, which must throw; returns the message (without backtrace), or "" after recording a failure.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+/// True when `text` contains every fragment; for use inside EXPECT_TRUE with the text printed on failure.
+inline ::testing::AssertionResult contains_all(const std::string& text, const std::vector<std::string>& fragments) {
+  for (const auto& f : fragments) {
+    if (text.find(f) == std::string::npos) {
+      return ::testing::AssertionFailure() << "'" << f << "' not found in: " << text;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+/// A fresh directory under /tmp (or TMPDIR), removed with its files (one level) with the object. POSIX calls
+/// rather than std::filesystem: libtorch.so exports its own std::filesystem symbols, and remove_all crashes.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/lta_ddp_XXXXXX";
+    path_ = ::mkdtemp(pattern.data()) != nullptr ? pattern : "";
+    EXPECT_FALSE(path_.empty()) << "mkdtemp failed";
+  }
+  ~ScratchDir() {
+    if (DIR* dir = ::opendir(path_.c_str())) {
+      while (dirent* entry = ::readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") ::unlink(file(name).c_str());
+      }
+      ::closedir(dir);
+    }
+    ::rmdir(path_.c_str());
+  }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+/// Sets environment variables for one scope and restores the previous values afterwards.
+class EnvGuard {
+ public:
+  explicit EnvGuard(std::vector<std::string> names) : names_(std::move(names)) {
+    for (const auto& n : names_) {
+      const char* v = std::getenv(n.c_str());
+      saved_.push_back(v ? std::optional<std::string>(v) : std::nullopt);
+    }
+  }
+  ~EnvGuard() {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (saved_[i]) {
+        ::setenv(names_[i].c_str(), saved_[i]->c_str(), 1);
+      } else {
+        ::unsetenv(names_[i].c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<std::optional<std::string>> saved_;
+};
+
+}  // namespace ddp_test

@@ -1,0 +1,101 @@
+// A worker program for the launcher tests, started by ddp-launch or torchrun --no-python:
+//   ddp_test_worker train [--steps N] [--out DIR]   DDP training over Gloo; checks that every rank ends with
+//                                                  bit-identical parameters, saves them to DIR/rank<R>.pt
+//   ddp_test_worker fail --fail-rank R --code C     rank R exits with C after meeting the others; the rest sleep
+//   ddp_test_worker env --out DIR                   writes the environment contract (and --local-rank) to a file
+//   ddp_test_worker sleep --out DIR                 writes DIR/ready<R>, then sleeps (signal forwarding)
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/launch_env.h>
+#include <ddp/process_group.h>
+#include <torch/torch.h>
+
+namespace {
+
+constexpr std::chrono::milliseconds kTimeout{20000};
+constexpr std::chrono::seconds kLongSleep{60};  // longer than any test waits: the launcher must stop us
+
+std::string arg_value(int argc, char** argv, const std::string& name, const std::string& fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (argv[i] == name) return argv[i + 1];
+  }
+  return fallback;
+}
+
+void train(const ddp::ProcessGroup& pg, int steps, const std::string& out) {
+  torch::manual_seed(100 + pg.rank());  // different initializations: DDP must start everyone from rank 0's
+  torch::nn::Sequential model(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 4));
+  ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.001));
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < steps; ++step) {
+    torch::manual_seed(1000 * (pg.rank() + 1) + step);  // each rank its own data
+    const auto x = torch::randn({8, 8});
+    const auto y = torch::randn({8, 4});
+    opt.zero_grad();
+    torch::mse_loss(ddp.forward(x), y).backward();
+    opt.step();
+  }
+  for (const auto& p : model->named_parameters()) {
+    const auto all = pg.allgather(p.value().detach());
+    for (size_t r = 1; r < all.size(); ++r) {
+      TORCH_CHECK(torch::equal(all[0], all[r]), "parameter ", p.key(), " differs between rank 0 and rank ", r);
+    }
+  }
+  if (!out.empty()) torch::save(model->parameters(), out + "/rank" + std::to_string(pg.rank()) + ".pt");
+  std::cout << "rank " << pg.rank() << " of " << pg.size() << " done" << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    // The mode is the first argument that is not the launcher's --local-rank=N.
+    std::string mode;
+    for (int i = 1; i < argc && mode.empty(); ++i) {
+      if (std::string(argv[i]).rfind("--local", 0) != 0) mode = argv[i];
+    }
+    const std::string out = arg_value(argc, argv, "--out", "");
+    if (mode == "env") {
+      const ddp::LaunchEnv env = ddp::launch_env_from_environment();
+      const auto local_rank_arg = ddp::parse_local_rank_arg(argc, argv);
+      const char* group_rank = std::getenv("GROUP_RANK");
+      std::ofstream(out + "/env" + std::to_string(env.rank))
+          << env.rank << " " << env.world_size << " " << env.local_rank << " " << env.local_world_size << " "
+          << env.master_addr << " " << (group_rank ? group_rank : "-") << " " << local_rank_arg.value_or(-1);
+      return 0;
+    }
+    if (mode == "sleep") {
+      const ddp::LaunchEnv env = ddp::launch_env_from_environment();
+      std::ofstream(out + "/ready" + std::to_string(env.rank)) << ::getpid();
+      std::this_thread::sleep_for(kLongSleep);
+      return 0;
+    }
+    at::set_num_threads(1);
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().init_method("env://").timeout(kTimeout));
+    if (mode == "train") {
+      train(pg, std::stoi(arg_value(argc, argv, "--steps", "4")), out);
+      return 0;
+    }
+    if (mode == "fail") {
+      pg.barrier();
+      if (pg.rank() == std::stoi(arg_value(argc, argv, "--fail-rank", "0"))) {
+        return std::stoi(arg_value(argc, argv, "--code", "1"));
+      }
+      std::this_thread::sleep_for(kLongSleep);
+      return 0;
+    }
+    std::cerr << "ddp_test_worker: unknown mode '" << mode << "'" << std::endl;
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "ddp_test_worker: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  }
+}

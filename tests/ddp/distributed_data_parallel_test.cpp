@@ -1,0 +1,498 @@
+#include <ddp/distributed_data_parallel.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <ddp/spawn.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ddp/ddp_test_util.h"
+#include "test_util.h"
+
+namespace {
+
+using ddp_test::contains_all;
+using ddp_test::error_of;
+using ddp_test::kTestTimeout;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWorld = 2;
+constexpr int64_t kBatch = 16;  // the full batch; each rank takes kBatch / kWorld samples
+constexpr int64_t kIn = 8;
+constexpr int64_t kOut = 4;
+
+/// A tanh MLP with named layers (layers.0.weight, ...); widths {8, 16, 4} is two Linear layers.
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(const std::vector<int64_t>& widths) {
+    for (size_t i = 0; i + 1 < widths.size(); ++i) layers->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    register_module("layers", layers);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (size_t i = 0; i < layers->size(); ++i) {
+      x = layers[i]->as<torch::nn::Linear>()->forward(x);
+      if (i + 1 < layers->size()) x = torch::tanh(x);
+    }
+    return x;
+  }
+  torch::nn::ModuleList layers;
+};
+TORCH_MODULE(Mlp);
+
+const std::vector<int64_t> kWidths = {kIn, 32, 32, 32, kOut};
+
+/// The model rank `rank` starts from: a different initialization on every rank (DDP must broadcast rank 0's).
+Mlp make_model(uint64_t seed, int rank, const std::vector<int64_t>& widths = kWidths) {
+  torch::manual_seed(seed + 1 + static_cast<uint64_t>(rank));
+  return Mlp(widths);
+}
+
+struct Data {
+  torch::Tensor x, y;
+};
+/// The same full batch on every rank (same seed).
+Data make_data(uint64_t seed, int64_t batch = kBatch) {
+  torch::manual_seed(seed);
+  return {torch::randn({batch, kIn}), torch::randn({batch, kOut})};
+}
+Data shard(const Data& d, int rank, int world) {
+  const int64_t per = d.x.size(0) / world;
+  return {d.x.narrow(0, rank * per, per), d.y.narrow(0, rank * per, per)};
+}
+
+std::vector<torch::Tensor> grads_of(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> g;
+  for (const auto& p : m.parameters()) g.push_back(p.grad().clone());
+  return g;
+}
+
+/// Full-batch gradients of the single-process reference (rank 0's initialization).
+std::vector<torch::Tensor> reference_grads(uint64_t seed, const Data& data) {
+  Mlp ref = make_model(seed, 0);
+  torch::mse_loss(ref->forward(data.x), data.y).backward();
+  return grads_of(*ref);
+}
+
+void check_close(const std::vector<torch::Tensor>& actual, const std::vector<torch::Tensor>& expected, double rtol,
+                 double atol, const std::string& what) {
+  TORCH_CHECK(actual.size() == expected.size(), what, ": ", actual.size(), " tensors vs ", expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    TORCH_CHECK(torch::allclose(actual[i], expected[i], rtol, atol), what, ": tensor ", i, " differs, max abs diff ",
+                (actual[i] - expected[i]).abs().max().item<double>());
+  }
+}
+
+/// Runs fn(rank, process group) on kWorld forked ranks with Gloo on loopback.
+void run_ranks(const std::function<void(int, const ddp::ProcessGroup&)>& fn, int world = kWorld,
+               std::chrono::milliseconds timeout = kTestTimeout) {
+  ddp::spawn(world, [&](int rank, int) {
+    at::set_num_threads(1);  // two ranks share two cores
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(timeout));
+    fn(rank, pg);
+  });
+}
+
+void save(const std::vector<torch::Tensor>& tensors, const std::string& path) { torch::save(tensors, path); }
+std::vector<torch::Tensor> load(const std::string& path) {
+  std::vector<torch::Tensor> tensors;
+  torch::load(tensors, path);
+  return tensors;
+}
+
+// Bucket settings under which the gradient path is checked: defaults (one bucket for this small model), one
+// bucket per parameter or so, and every bucket after backward.
+std::vector<ddp::DistributedDataParallelOptions> bucket_variants() {
+  return {ddp::DistributedDataParallelOptions(),
+          ddp::DistributedDataParallelOptions().first_bucket_mb(0.001).bucket_cap_mb(0.002),
+          ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002).delay_allreduce(true)};
+}
+
+TEST(DistributedDataParallelTest, GradientsEqualSingleProcessFullBatchGradients) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed + 100);
+    const auto expected = reference_grads(seed, data);
+    const Data mine = shard(data, rank, pg.size());
+    for (const auto& options : bucket_variants()) {
+      Mlp model = make_model(seed, rank);
+      ddp::DistributedDataParallel ddp(model, pg, options);
+      torch::mse_loss(ddp.forward(mine.x), mine.y).backward();
+      check_close(grads_of(*model), expected, 1e-5, 1e-6,
+                  c10::str("rank ", rank, ", ", ddp.buckets().size(), " buckets"));
+    }
+  });
+}
+
+TEST(DistributedDataParallelTest, ConstructionBroadcastsRankZerosParameters) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    Mlp model = make_model(seed, rank);
+    ddp::DistributedDataParallel ddp(model, pg);
+    const Mlp rank0 = make_model(seed, 0);
+    check_close(model->parameters(), rank0->parameters(), 0, 0, c10::str("rank ", rank, " parameters"));
+  });
+}
+
+TEST(DistributedDataParallelTest, AfterTrainingStepsAllRanksAreBitIdentical) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  ddp_test::ScratchDir dir;
+  constexpr int kSteps = 5;
+  run_ranks([&](int rank, const ddp::ProcessGroup& pg) {
+    Mlp model = make_model(seed, rank);
+    ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    for (int step = 0; step < kSteps; ++step) {
+      const Data d = make_data(seed + 1000 * static_cast<uint64_t>(rank + 1) + static_cast<uint64_t>(step), 8);
+      opt.zero_grad();
+      torch::mse_loss(ddp.forward(d.x), d.y).backward();
+      opt.step();
+    }
+    save(model->parameters(), dir.file("rank" + std::to_string(rank) + ".pt"));
+  });
+  const auto r0 = load(dir.file("rank0.pt"));
+  const auto r1 = load(dir.file("rank1.pt"));
+  const Mlp initial = make_model(seed, 0);
+  ASSERT_EQ(r0.size(), r1.size());
+  for (size_t i = 0; i < r0.size(); ++i) {
+    EXPECT_TRUE(torch::equal(r0[i], r1[i])) << "parameter " << i << " differs between ranks";
+    EXPECT_FALSE(torch::equal(r0[i], initial->parameters()[i])) << "parameter " << i << " did not train";
+  }
+}
+
+TEST(DistributedDataParallelTest, NoSyncAccumulatesLocallyAndTheNextBackwardAveragesABigBatch) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed + 7);
+    const auto expected = reference_grads(seed, data);
+    const Data mine = shard(data, rank, pg.size());
+    const int64_t half = mine.x.size(0) / 2;
+    const Data micro[2] = {{mine.x.narrow(0, 0, half), mine.y.narrow(0, 0, half)},
+                           {mine.x.narrow(0, half, half), mine.y.narrow(0, half, half)}};
+    Mlp model = make_model(seed, rank);
+    ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002));
+    {
+      auto no_sync = ddp.no_sync();
+      (torch::mse_loss(ddp.forward(micro[0].x), micro[0].y) / 2).backward();
+    }
+    // Inside no_sync the gradient is this rank's own: compare with a local computation.
+    Mlp local = make_model(seed, 0);
+    (torch::mse_loss(local->forward(micro[0].x), micro[0].y) / 2).backward();
+    check_close(grads_of(*model), grads_of(*local), 1e-6, 1e-7, c10::str("rank ", rank, " inside no_sync"));
+
+    (torch::mse_loss(ddp.forward(micro[1].x), micro[1].y) / 2).backward();
+    check_close(grads_of(*model), expected, 1e-5, 1e-6, c10::str("rank ", rank, " after accumulation"));
+  });
+}
+
+TEST(DistributedDataParallelTest, BucketsAreIssuedDuringBackwardUnlessDelayed) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const std::vector<int64_t> deep = {kIn, 64, 64, 64, 64, 64, 64, kOut};
+    const Data d = shard(make_data(seed), rank, pg.size());
+    for (const bool delay : {false, true}) {
+      Mlp model = make_model(seed, rank, deep);
+      ddp::DistributedDataParallel ddp(
+          model, pg,
+          ddp::DistributedDataParallelOptions().first_bucket_mb(0.001).bucket_cap_mb(0.01).delay_allreduce(delay));
+      const size_t n = ddp.buckets().size();
+      TORCH_CHECK(n >= 4, "expected several buckets, got ", n);
+      torch::mse_loss(ddp.forward(d.x), d.y).backward();
+      const ddp::BackwardTimeline& t = ddp.last_backward_timeline();
+      for (size_t b = 0; b < n; ++b) {
+        TORCH_CHECK(t.bucket_issued[b] >= t.first_gradient_ready, "bucket ", b, " issued before any gradient");
+      }
+      if (!delay) {
+        // The first bucket (the last layer) went out while earlier layers' gradients were still being computed.
+        TORCH_CHECK(t.bucket_issued[0] < t.last_gradient_ready, "bucket 0 was not issued before the last gradient");
+        TORCH_CHECK(t.bucket_issued[n - 2] < t.backward_finished, "bucket ", n - 2, " was not issued during backward");
+      } else {
+        for (size_t b = 0; b < n; ++b) {
+          TORCH_CHECK(t.bucket_issued[b] >= t.backward_finished, "delayed bucket ", b, " was issued during backward");
+        }
+      }
+    }
+  });
+}
+
+TEST(DistributedDataParallelTest, BucketsFollowReverseParameterOrderAndTheCaps) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks(
+      [seed](int rank, const ddp::ProcessGroup& pg) {
+        // layers.0: 8x32 + 32, layers.1: 32x32 + 32, layers.2: 32x4 + 4 (fp32).
+        Mlp model = make_model(seed, rank, {kIn, 32, 32, kOut});
+        const double kb = 1.0 / 1024;  // MB per KB
+        ddp::DistributedDataParallel ddp(
+            model, pg, ddp::DistributedDataParallelOptions().first_bucket_mb(0.5 * kb).bucket_cap_mb(4.5 * kb));
+        const auto buckets = ddp.buckets();
+        // First bucket, cap 512 B: layers.2.bias (16 B) then layers.2.weight (512 B) reach it.
+        // Next, cap 4608 B: layers.1.bias (128 B) + layers.1.weight (4096 B) = 4224 B, + layers.0.bias = 4352 B,
+        // + layers.0.weight (1024 B) closes it at 5376 B.
+        const std::vector<std::vector<std::string>> expected = {
+            {"layers.2.bias", "layers.2.weight"},
+            {"layers.1.bias", "layers.1.weight", "layers.0.bias", "layers.0.weight"}};
+        TORCH_CHECK(buckets.size() == expected.size(), "got ", buckets.size(), " buckets");
+        for (size_t b = 0; b < buckets.size(); ++b) {
+          TORCH_CHECK(buckets[b].parameter_names == expected[b], "bucket ", b, " holds ",
+                      c10::Join(", ", buckets[b].parameter_names));
+          TORCH_CHECK(buckets[b].dtype == torch::kFloat, buckets[b].dtype);
+        }
+        TORCH_CHECK(buckets[0].num_elements == 4 * 32 + 4, buckets[0].num_elements);
+      },
+      1);
+}
+
+TEST(DistributedDataParallelTest, AllreduceDtypeCompressesToBFloat16) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed + 3);
+    const auto expected = reference_grads(seed, data);
+    const Data mine = shard(data, rank, pg.size());
+    Mlp model = make_model(seed, rank);
+    ddp::DistributedDataParallel ddp(model, pg,
+                                     ddp::DistributedDataParallelOptions().allreduce_dtype(torch::kBFloat16));
+    for (const auto& b : ddp.buckets()) TORCH_CHECK(b.dtype == torch::kBFloat16, "bucket dtype ", b.dtype);
+    torch::mse_loss(ddp.forward(mine.x), mine.y).backward();
+    check_close(grads_of(*model), expected, test_util::rtol_for(torch::kBFloat16), 1e-3,
+                c10::str("rank ", rank, " with bf16 buckets"));
+  });
+}
+
+TEST(DistributedDataParallelTest, BucketReducedHookSeesPredividedSumsAndAveragedGrads) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed + 5);
+    const auto expected = reference_grads(seed, data);
+    const Data mine = shard(data, rank, pg.size());
+    constexpr double kPredivide = 4.0;
+    Mlp model = make_model(seed, rank);
+    ddp::DistributedDataParallel ddp(model, pg,
+                                     ddp::DistributedDataParallelOptions()
+                                         .gradient_predivide_factor(kPredivide)
+                                         .first_bucket_mb(0.001)
+                                         .bucket_cap_mb(0.002));
+    std::vector<int64_t> seen;
+    ddp.set_bucket_reduced_hook([&](const ddp::ReducedBucket& b) {
+      seen.push_back(b.index);
+      // buffer = sum over ranks / predivide = average * world / predivide.
+      torch::Tensor flat = torch::cat([&] {
+        std::vector<torch::Tensor> v;
+        for (const auto& g : b.grads) v.push_back(g.reshape({-1}));
+        return v;
+      }());
+      TORCH_CHECK(torch::allclose(b.buffer, flat * (pg.size() / kPredivide), 1e-6, 1e-7), "bucket ", b.index,
+                  " buffer is not the predivided sum");
+    });
+    torch::mse_loss(ddp.forward(mine.x), mine.y).backward();
+    TORCH_CHECK(seen.size() == ddp.buckets().size(), "hook ran ", seen.size(), " times");
+    for (size_t i = 0; i < seen.size(); ++i) TORCH_CHECK(seen[i] == static_cast<int64_t>(i), "hook order");
+    check_close(grads_of(*model), expected, 1e-5, 1e-6, c10::str("rank ", rank, " with predivide"));
+  });
+}
+
+/// A module with a buffer that ranks set differently after construction.
+struct WithBufferImpl : torch::nn::Module {
+  WithBufferImpl() {
+    fc = register_module("fc", torch::nn::Linear(kIn, kOut));
+    counter = register_buffer("counter", torch::zeros({3}));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc->forward(x) + counter.sum(); }
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor counter;
+};
+TORCH_MODULE(WithBuffer);
+
+TEST(DistributedDataParallelTest, BroadcastBuffersBeforeForwardIsAnOption) {
+  LTA_REQUIRE_GLOO();
+  run_ranks([](int rank, const ddp::ProcessGroup& pg) {
+    for (const bool broadcast : {true, false}) {
+      WithBuffer model;
+      ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().broadcast_buffers(broadcast));
+      {
+        torch::NoGradGuard no_grad;
+        model->counter.fill_(static_cast<float>(rank + 1));
+      }
+      ddp.forward(torch::zeros({2, kIn}));
+      const float expected = broadcast ? 1.0f : static_cast<float>(rank + 1);
+      TORCH_CHECK(model->counter.eq(expected).all().item<bool>(), "rank ", rank, " broadcast_buffers=", broadcast,
+                  ": counter is ", model->counter);
+    }
+  });
+}
+
+TEST(DistributedDataParallelTest, ARankExitingMidTrainingFailsTheOthersQuicklyWithAClearError) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  const std::chrono::milliseconds timeout(8000);
+  const auto start = Clock::now();
+  const std::string message = error_of([&] {
+    run_ranks(
+        [seed](int rank, const ddp::ProcessGroup& pg) {
+          Mlp model = make_model(seed, rank);
+          ddp::DistributedDataParallel ddp(model, pg);
+          const Data d = shard(make_data(seed), rank, pg.size());
+          for (int step = 0; step < 100; ++step) {
+            if (rank == 1 && step == 2) ::_exit(0);  // leaves quietly: only the survivor can report the failure
+            model->zero_grad();
+            torch::mse_loss(ddp.forward(d.x), d.y).backward();
+          }
+        },
+        kWorld, timeout);
+  });
+  EXPECT_TRUE(contains_all(message, {"ddp::spawn: rank 0 of 2", "allreduce of gradient bucket 0 of 1",
+                                     "failed on rank 0 of 2 (backend gloo)"}));
+  EXPECT_LT(Clock::now() - start, timeout);
+}
+
+TEST(DistributedDataParallelTest, MismatchedModelsFailOnEveryRankNamingTheParameter) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  ddp_test::ScratchDir dir;
+  run_ranks([&](int rank, const ddp::ProcessGroup& pg) {
+    Mlp model = make_model(seed, rank, rank == 0 ? kWidths : std::vector<int64_t>{kIn, 32, 24, 32, kOut});
+    const std::string message = error_of([&] { ddp::DistributedDataParallel ddp(model, pg); });
+    std::ofstream(dir.file("rank" + std::to_string(rank))) << message;
+  });
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::ifstream in(dir.file("rank" + std::to_string(rank)));
+    const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(
+        contains_all(message, {"the module or the options differ across ranks (checked on rank " + std::to_string(rank),
+                               "entry #2 is 'parameter layers.1.weight [32, 32] Float' on rank 0 but "
+                               "'parameter layers.1.weight [24, 32] Float' on rank 1"}));
+  }
+}
+
+TEST(DistributedDataParallelTest, DifferentBucketOptionsFailOnEveryRankInsteadOfPairingUnrelatedBuckets) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  const std::string message = error_of([&] {
+    run_ranks([&](int rank, const ddp::ProcessGroup& pg) {
+      Mlp model = make_model(seed, rank);
+      ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(rank + 1));
+    });
+  });
+  EXPECT_TRUE(contains_all(message, {"'option bucket_cap_mb=1 ", "' on rank 0 but 'option bucket_cap_mb=2 "}));
+}
+
+/// Uses its second layer only when told to.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl() {
+    used = register_module("used", torch::nn::Linear(kIn, kOut));
+    sometimes = register_module("sometimes", torch::nn::Linear(kIn, kOut));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_second) {
+    return use_second ? used->forward(x) + sometimes->forward(x) : used->forward(x);
+  }
+  torch::nn::Linear used{nullptr}, sometimes{nullptr};
+};
+TORCH_MODULE(Branchy);
+
+TEST(DistributedDataParallelTest, AnUnusedParameterIsAnErrorNamingItUnlessAllowed) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  const std::string message = error_of([&] {
+    run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+      torch::manual_seed(seed);
+      Branchy model;
+      ddp::DistributedDataParallel ddp(model, pg);
+      const Data d = shard(make_data(seed), rank, pg.size());
+      torch::mse_loss(ddp.forward(d.x, false), d.y).backward();
+    });
+  });
+  EXPECT_TRUE(contains_all(message, {"2 parameter(s) got no gradient in this backward pass: sometimes.weight, "
+                                     "sometimes.bias",
+                                     "find_unused_parameters(true)"}));
+
+  // Allowed: rank 0 uses the branch, rank 1 does not; the average counts rank 1's contribution as zero.
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    torch::manual_seed(seed);
+    Branchy model;
+    torch::manual_seed(seed);
+    Branchy local;
+    ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+    const Data d = shard(make_data(seed), 0, pg.size());  // the same data on both ranks
+    torch::mse_loss(ddp.forward(d.x, rank == 0), d.y).backward();
+    torch::mse_loss(local->forward(d.x, true), d.y).backward();
+    const torch::Tensor expected = local->sometimes->weight.grad() / pg.size();
+    TORCH_CHECK(torch::allclose(model->sometimes->weight.grad(), expected, 1e-5, 1e-6), "rank ", rank,
+                ": the partly unused parameter's gradient is not half of rank 0's");
+  });
+}
+
+// GPU checks. The parent never initializes CUDA (a forked child could not use it then): each child looks for a
+// GPU itself and, finding none, leaves a marker that makes the test skip.
+
+/// Runs fn(rank, pg) on `world` forked ranks over `backend` with the model on cuda:0; returns false when the
+/// children found no GPU.
+bool run_ranks_on_gpu(const std::string& backend, int world,
+                      const std::function<void(int, const ddp::ProcessGroup&)>& fn) {
+  ddp_test::ScratchDir dir;
+  ddp::spawn(world, [&](int rank, int) {
+    if (!torch::cuda::is_available()) {
+      std::ofstream(dir.file("no_gpu" + std::to_string(rank))) << "none";
+      return;
+    }
+    at::set_num_threads(1);
+    const ddp::ProcessGroup pg =
+        ddp::init_process_group(ddp::InitOptions().backend(backend).cuda_device(0).timeout(kTestTimeout));
+    fn(rank, pg);
+  });
+  return !std::ifstream(dir.file("no_gpu0")).good();
+}
+
+TEST(DistributedDataParallelTest, NcclWithWorldSizeOneOnTheGpuKeepsTheGradients) {
+  if (!ddp::backend_available("nccl")) GTEST_SKIP() << "needs the NCCL backend (a CUDA build)";
+  const uint64_t seed = test_util::fresh_seed();
+  const bool ran = run_ranks_on_gpu("nccl", 1, [seed](int, const ddp::ProcessGroup& pg) {
+    TORCH_CHECK(pg.device().is_cuda(), "an NCCL group works on CUDA tensors, got ", pg.device());
+    const Data d = make_data(seed);
+    const auto x = d.x.cuda(), y = d.y.cuda();
+    Mlp model = make_model(seed, 0);
+    model->to(torch::kCUDA);
+    Mlp local = make_model(seed, 0);
+    local->to(torch::kCUDA);
+    ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002));
+    for (int step = 0; step < 2; ++step) {  // the second step reuses the buckets
+      model->zero_grad();
+      local->zero_grad();
+      torch::mse_loss(ddp.forward(x), y).backward();
+      torch::mse_loss(local->forward(x), y).backward();
+      check_close(grads_of(*model), grads_of(*local), 0, 0, c10::str("NCCL world size 1, step ", step));
+    }
+  });
+  if (!ran) GTEST_SKIP() << "needs a CUDA GPU; none is present";
+}
+
+TEST(DistributedDataParallelTest, GlooWithCudaTensorsMatchesFullBatchGradients) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  const bool ran = run_ranks_on_gpu("gloo", kWorld, [seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed + 100);
+    Mlp ref = make_model(seed, 0);
+    ref->to(torch::kCUDA);
+    torch::mse_loss(ref->forward(data.x.cuda()), data.y.cuda()).backward();
+    const Data mine = shard(data, rank, pg.size());
+    for (const auto& options : bucket_variants()) {
+      Mlp model = make_model(seed, rank);
+      model->to(torch::kCUDA);
+      ddp::DistributedDataParallel ddp(model, pg, options);
+      torch::mse_loss(ddp.forward(mine.x.cuda()), mine.y.cuda()).backward();
+      check_close(grads_of(*model), grads_of(*ref), 1e-4, 1e-5, c10::str("rank ", rank, " (Gloo, CUDA tensors)"));
+    }
+  });
+  if (!ran) GTEST_SKIP() << "needs a CUDA GPU; none is present";
+}
+
+}  // namespace
