@@ -45,6 +45,14 @@ class Model {
   auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
   }
+  /// Runs `f(args...)` under this model's policy instead of the module's own forward: the way to combine amp
+  /// with a wrapper applied after initialize, e.g. data parallel training:
+  ///   ddp::DistributedDataParallel ddp(net, group);
+  ///   auto out = model.call([&](const at::Tensor& in) { return ddp.forward(in); }, x);
+  template <typename F, typename... Args>
+  auto call(F&& f, Args&&... args) {
+    return state_->forward_policy().run(std::forward<F>(f), std::forward<Args>(args)...);
+  }
   auto operator->() { return module_.operator->(); }
   ModuleHolder& module() { return module_; }
 
