@@ -3,6 +3,8 @@
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 
+#include <kernels/flatten.h>
+
 namespace ddp::detail {
 namespace {
 
@@ -18,13 +20,27 @@ void check_layout(const at::Tensor& bucket, at::TensorList tensors) {
   TORCH_CHECK(total <= bucket.numel(), "bucket holds ", bucket.numel(), " elements, the tensors need ", total);
 }
 
-}  // namespace
+bool is_kernel_dtype(c10::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
-// TODO(lead): replace both bodies with kernels::flatten_into_ / kernels::unflatten_from_ (kernels/flatten.h), one
-// fused launch per bucket instead of one copy per tensor; the layout and the scale semantics are the same.
+/// Gradient buckets (floating, contiguous) take the fused path: one launch per dtype group for the whole bucket
+/// (kernels::flatten_into_ / unflatten_from_, fp32 arithmetic). Anything else (integer buffers such as
+/// BatchNorm's num_batches_tracked, non-contiguous gradients) is copied tensor by tensor.
+bool fusable(const at::Tensor& bucket, at::TensorList tensors) {
+  if (!is_kernel_dtype(bucket.scalar_type())) return false;
+  for (const at::Tensor& t : tensors) {
+    if (!is_kernel_dtype(t.scalar_type()) || !t.is_contiguous()) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 void copy_into_bucket(const at::Tensor& bucket, at::TensorList tensors, double scale) {
   check_layout(bucket, tensors);
+  if (fusable(bucket, tensors)) {
+    kernels::flatten_into_(bucket, tensors, scale);
+    return;
+  }
   int64_t offset = 0;
   for (const at::Tensor& t : tensors) {
     const int64_t n = t.numel();
@@ -42,6 +58,10 @@ void copy_into_bucket(const at::Tensor& bucket, at::TensorList tensors, double s
 
 void copy_from_bucket(const at::Tensor& bucket, at::TensorList tensors, double scale) {
   check_layout(bucket, tensors);
+  if (fusable(bucket, tensors)) {
+    kernels::unflatten_from_(bucket, tensors, scale);
+    return;
+  }
   int64_t offset = 0;
   for (const at::Tensor& t : tensors) {
     const int64_t n = t.numel();

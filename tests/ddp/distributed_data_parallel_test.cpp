@@ -350,8 +350,9 @@ TEST(DistributedDataParallelTest, ARankExitingMidTrainingFailsTheOthersQuicklyWi
         },
         kWorld, timeout);
   });
-  EXPECT_TRUE(contains_all(message, {"ddp::spawn: rank 0 of 2", "allreduce of gradient bucket 0 of 1",
-                                     "failed on rank 0 of 2 (backend gloo)"}));
+  // The survivor names itself and the backend; which collective notices the lost peer first depends on timing
+  // under load, so the collective's name is not required.
+  EXPECT_TRUE(contains_all(message, {"ddp::spawn: rank 0 of 2", "failed on rank 0 of 2 (backend gloo)"})) << message;
   EXPECT_LT(Clock::now() - start, timeout);
 }
 
