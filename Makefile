@@ -35,9 +35,11 @@ demo: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target train_fashion_mnist
 	$(BUILD_DIR)/python_free_examples/train_fashion_mnist --epochs 1
 
+BENCHMARKS := bench_multi_tensor_scale bench_unscale bench_l2_norm bench_fused_adamw bench_amp_overhead \
+              bench_allreduce_busbw
 bench: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_multi_tensor_scale
-	$(BUILD_DIR)/benchmarks/bench_multi_tensor_scale
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCHMARKS)
+	@for b in $(BENCHMARKS); do echo "== $$b"; $(BUILD_DIR)/benchmarks/$$b || exit 1; done
 
 # Copies the third-party sources the GPU machine lacks (it has no apt, no network) into .deps/ (git-ignored),
 # for scripts/gpu_check.sh --deps .deps.

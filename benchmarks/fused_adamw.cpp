@@ -19,6 +19,7 @@
 
 #include <kernels/fused_optimizers.h>
 
+#include "common/flags.h"
 #include "common/timing.h"
 
 namespace {
@@ -142,17 +143,13 @@ Result run_job(bool with_masters, const std::vector<int64_t>& sizes, const torch
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool full = false;
-  std::string device_name = "auto";
-  int rounds = 10;
+  bench::CommonFlags flags(10);
   CLI::App app{"kernels::fused_adam_step_ vs at::_fused_adamw_ vs torch::optim::AdamW::step"};
-  app.add_flag("--full", full, "The issue's 5000 tensors of 1-64 Ki plus 4 x 16 Mi instead of a small transformer");
-  app.add_option("--device", device_name, "auto, cpu or cuda");
-  app.add_option("--rounds", rounds, "Timed rounds per contender")->check(CLI::PositiveNumber);
+  flags.add_to(app, "The issue's 5000 tensors of 1-64 Ki plus 4 x 16 Mi instead of a small transformer");
   CLI11_PARSE(app, argc, argv);
-  const torch::Device device =
-      device_name == "auto" ? (torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU))
-                            : torch::Device(device_name);
+  const bool full = flags.full;
+  const int rounds = flags.rounds;
+  const torch::Device device = flags.device();
 
   const std::vector<int64_t> sizes = parameter_sizes(full);
   int64_t elements = 0;

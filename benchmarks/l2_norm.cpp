@@ -13,6 +13,7 @@
 
 #include <kernels/l2_norm.h>
 
+#include "common/flags.h"
 #include "common/timing.h"
 
 namespace {
@@ -67,17 +68,13 @@ void print_row(const Row& row, const Workload& w, torch::ScalarType dtype) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool full = false;
-  std::string device_name = "auto";
-  int rounds = 15;
+  bench::CommonFlags flags(15);
   CLI::App app{"l2_norm / clip_grad_norm_ vs torch's foreach_norm + stack + vector_norm (+ foreach_mul_)"};
-  app.add_flag("--full", full, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
-  app.add_option("--device", device_name, "auto, cpu or cuda");
-  app.add_option("--rounds", rounds, "Timed rounds per contender")->check(CLI::PositiveNumber);
+  flags.add_to(app, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
   CLI11_PARSE(app, argc, argv);
-  const torch::Device device =
-      device_name == "auto" ? (torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU))
-                            : torch::Device(device_name);
+  const bool full = flags.full;
+  const int rounds = flags.rounds;
+  const torch::Device device = flags.device();
   constexpr int kWarmup = 3;
 
   fmt::print("l2_norm on {} ({} mode, {} rounds, median)\n", device.str(), full ? "full" : "quick", rounds);

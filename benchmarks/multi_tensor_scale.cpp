@@ -11,21 +11,18 @@
 
 #include <kernels/multi_tensor_scale.h>
 
+#include "common/flags.h"
 #include "common/timing.h"
 #include "common/workloads.h"
 
 int main(int argc, char** argv) {
-  bool full = false;
-  std::string device_name = "auto";
-  int rounds = 15;
+  bench::CommonFlags flags(15);
   CLI::App app{"multi_tensor_scale_ vs at::_foreach_mul_ vs a per-tensor loop"};
-  app.add_flag("--full", full, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
-  app.add_option("--device", device_name, "auto, cpu or cuda");
-  app.add_option("--rounds", rounds, "Timed rounds per contender")->check(CLI::PositiveNumber);
+  flags.add_to(app, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
   CLI11_PARSE(app, argc, argv);
-  const torch::Device device =
-      device_name == "auto" ? (torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU))
-                            : torch::Device(device_name);
+  const bool full = flags.full;
+  const int rounds = flags.rounds;
+  const torch::Device device = flags.device();
 
   fmt::print("multi_tensor_scale on {} ({} mode, {} rounds, median)\n", device.str(), full ? "full" : "quick", rounds);
   fmt::print("{:<11} {:<9} {:>8} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "workload", "dtype", "tensors", "ours GB/s",

@@ -13,6 +13,7 @@
 
 #include <kernels/unscale.h>
 
+#include "common/flags.h"
 #include "common/timing.h"
 #include "common/workloads.h"
 
@@ -35,15 +36,13 @@ std::string format_ratio(double ours, double peer) { return peer > 0 ? fmt::form
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool full = false;
-  std::string device_name = "auto";
-  int rounds = 15;
+  bench::CommonFlags flags(15);
   CLI::App app{"unscale_and_check_ vs at::_amp_foreach_non_finite_check_and_unscale_ vs a per-tensor loop"};
-  app.add_flag("--full", full, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
-  app.add_option("--device", device_name, "auto, cpu or cuda");
-  app.add_option("--rounds", rounds, "Timed rounds per contender")->check(CLI::PositiveNumber);
+  flags.add_to(app, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
   CLI11_PARSE(app, argc, argv);
-  const torch::Device device = bench::parse_device(device_name);
+  const bool full = flags.full;
+  const int rounds = flags.rounds;
+  const torch::Device device = flags.device();
   const auto on = torch::TensorOptions().device(device);
   const double copy_bw = device.is_cuda() ? copy_bandwidth(device, int64_t{1} << 30, rounds) : 0.0;
 

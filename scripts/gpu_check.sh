@@ -82,14 +82,26 @@ note "ctest" "$(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -n 1
 note "ctest skipped" "$(grep -c '(Skipped)' "$out/ctest.log") test(s)"
 grep -A200 'The following tests FAILED' "$out/ctest.log" | head -n 40
 
-echo "== benchmarks (quick)"
-bench="$build_dir/benchmarks/bench_multi_tensor_scale"
-if "$bench" --rounds 10 >"$out/bench_multi_tensor_scale.txt" 2>&1; then
-  # Headline: our ratio to at::_foreach_mul_ on the many-small fp32 workload.
-  note "multi_tensor_scale" "$(awk '$1=="many-small" && $2=="Float" {print "many-small fp32: " $4 " GB/s, " $7 " vs _foreach_mul_, " $8 " vs loop"}' "$out/bench_multi_tensor_scale.txt")"
-else
-  status=1; note "multi_tensor_scale" "FAILED (bench_multi_tensor_scale.txt)"
-fi
+echo "== benchmarks"
+# On the GPU the kernel benchmarks run at the issue's sizes (--full); the dry run keeps CPU-sized quick modes.
+size_flag=""
+[ "$dry_run" = 0 ] && size_flag="--full"
+run_bench() {  # run_bench NAME ARGS...: logs to OUTDIR/NAME.txt, puts its last line in the summary
+  local name="$1"; shift
+  local exe="$build_dir/benchmarks/$name"
+  if [ ! -x "$exe" ]; then note "$name" "not built"; return; fi
+  if timeout 300 "$exe" "$@" >"$out/$name.txt" 2>&1; then
+    note "$name" "$(grep -v '^$' "$out/$name.txt" | tail -n 1)"
+  else
+    status=1; note "$name" "FAILED ($name.txt)"
+  fi
+}
+run_bench bench_multi_tensor_scale $size_flag --rounds 10
+run_bench bench_unscale $size_flag --rounds 10
+run_bench bench_l2_norm $size_flag --rounds 10
+run_bench bench_fused_adamw $size_flag --rounds 10
+run_bench bench_amp_overhead --rounds 10
+run_bench bench_allreduce_busbw --rounds 5
 note "elapsed" "$(( $(date +%s) - start )) s"
 echo
 echo "== summary (also in $out/summary.txt)"
