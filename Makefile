@@ -1,5 +1,5 @@
-# The two commands: `make demo` (the main job) and `make test`. Both install what is missing, configure once,
-# build incrementally and run. Also: make build, make bench, make clean.
+# The two commands: `make demo` (the main job: AMP vs FP32) and `make test`. Both install what is missing,
+# configure once, build incrementally and run. Also: make build, make bench, make clean.
 #   LIBTORCH=<prefix>   build against your own LibTorch instead of installing torch into .venv
 #   CMAKE_ARGS=...      extra configure arguments (e.g. -DLIBTORCH_AMP_CUDA=OFF)
 BUILD_DIR ?= build
@@ -31,9 +31,13 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# The main job: the same training under FP32 and amp O1/O2/O3 (bf16/fp16), against a hand-rolled LibTorch loop
+# and torch.amp; prints the table last, writes benchmarks/results/amp_vs_fp32.{json,csv,png}. DEMO_ARGS=--full
+# runs the whole matrix.
+DEMO_ARGS ?=
 demo: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target train_fashion_mnist
-	$(BUILD_DIR)/python_free_examples/train_fashion_mnist --epochs 1
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_amp_vs_fp32
+	$(BUILD_DIR)/benchmarks/bench_amp_vs_fp32 $(DEMO_ARGS)
 
 BENCHMARKS := bench_multi_tensor_scale bench_unscale bench_l2_norm bench_fused_adamw bench_amp_overhead \
               bench_allreduce_busbw

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The project's one GPU check: on a machine with a CUDA GPU and no network (python3 has torch 2.11.0+cu130, no
 # apt), find LibTorch from python3's torch, configure for the GPU's architecture, build with all cores, run the
-# whole ctest suite (CUDA tests included) and the benchmarks in quick mode, and write logs plus a summary
-# table into OUTDIR, printing the table last.
+# whole ctest suite (CUDA tests included), the benchmarks in quick mode and the main job (bench_amp_vs_fp32
+# --full), and write logs plus a summary table into OUTDIR, printing the table last.
 #
 #   scripts/gpu_check.sh [--dry-run] [--deps DIR] [--build-dir DIR] OUTDIR
-#     --dry-run    the same steps without a GPU (CI runs this): default architectures, CPU benchmarks
+#     --dry-run    the same steps without a GPU (CI runs this): default architectures, CPU benchmarks (amp_vs_fp32
+#                  in a 3-step mode)
 #     --deps DIR   third-party sources the machine lacks, as laid out by `make gpu-bundle`:
 #                  DIR/googletest (GoogleTest source), DIR/include/CLI (CLI11 headers), DIR/include/gloo
 #     --build-dir  build folder (default build-gpu); reusing an existing one makes a rebuild incremental
@@ -102,6 +103,25 @@ run_bench bench_l2_norm $size_flag --rounds 10
 run_bench bench_fused_adamw $size_flag --rounds 10
 run_bench bench_amp_overhead --rounds 10
 run_bench bench_allreduce_busbw --rounds 5
+echo "== amp_vs_fp32 (the main job, full mode)"
+amp_args=(--full)
+[ "$dry_run" = 1 ] && amp_args=(--steps 3 --rounds 1 --synthetic)
+if "$build_dir/benchmarks/bench_amp_vs_fp32" "${amp_args[@]}" --out "$out/amp_vs_fp32" >"$out/amp_vs_fp32.txt" 2>&1; then
+  # Headline (the issue's H200 targets): O2 on the transformer vs FP32 and TF32 throughput, peak memory vs FP32
+  # and throughput vs torch.amp; O2 on the CNN: test accuracy vs FP32 after the same epochs.
+  while IFS= read -r line; do note "amp_vs_fp32" "$line"; done < <(awk -F, '
+    function v(x) { return x == "" ? "-" : x }
+    NR > 1 && $5 != "ok" { skipped++ }
+    NR > 1 && $2 ~ /^O2 / && $5 != "ok" { print $1 " " $2 ": skipped (amp_vs_fp32.txt)" }
+    NR > 1 && $1 == "transformer" && $2 ~ /^O2 / && $5 == "ok" {
+      print "transformer " $2 ": " v($7) "x FP32, " v($8) "x TF32, mem " v($11) "x FP32, " v($18) "x torch.amp" }
+    NR > 1 && $1 == "cnn" && $2 ~ /^O2 / && $5 == "ok" {
+      print "cnn " $2 ": accuracy " v($14) " points vs FP32, " v($7) "x FP32, " v($18) "x torch.amp" }
+    END { if (skipped) print skipped " run(s) skipped (amp_vs_fp32.txt)" }' "$out/amp_vs_fp32/amp_vs_fp32.csv")
+  grep -q 'skipped: ' "$out/amp_vs_fp32.txt" && status=1
+else
+  status=1; note "amp_vs_fp32" "FAILED (amp_vs_fp32.txt)"; tail -n 20 "$out/amp_vs_fp32.txt"
+fi
 note "elapsed" "$(( $(date +%s) - start )) s"
 echo
 echo "== summary (also in $out/summary.txt)"

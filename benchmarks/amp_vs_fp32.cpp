@@ -1,0 +1,612 @@
+// Question: what does mixed precision buy a LibTorch training loop, end to end, and what does amp cost or save
+// against the loop a user writes by hand today and against PyTorch's own torch.amp?
+//
+// Trains the same model on the same batches from the same initial weights under FP32, TF32 (CUDA), and amp's
+// O1/O2/O3 with fp16 and bf16 (where the device has them), on two models: the Fashion-MNIST CNN and a small
+// transformer on synthetic tokens. In the same run it times two peers on the same model and batches: the
+// hand-rolled LibTorch loop (at::autocast + at::_amp_foreach_non_finite_check_and_unscale_ + at::_amp_update_scale_
+// + torch::optim) and, when a Python with torch is found, torch.autocast + torch.amp.GradScaler
+// (benchmarks/peers/torch_amp_peer.py). Prints a table last; writes JSON, CSV and a PNG into benchmarks/results/.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <torch/headeronly/version.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include <amp/amp.h>
+
+#ifdef LIBTORCH_AMP_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include "common/amp_report.h"
+#include "common/timing.h"
+#include "common/torch_amp_peer.h"
+#include "common/training_tasks.h"
+#include "common/workloads.h"
+
+namespace {
+
+using bench::Batch;
+using bench::ForwardFn;
+using bench::RunResult;
+
+/// The loss a run ends with: the mean over its last steps, since one batch's loss is noisy.
+constexpr int64_t kFinalLossWindowSteps = 10;
+constexpr double kBytesPerMiB = 1024.0 * 1024.0;
+/// torch.amp.GradScaler's defaults, used by the hand-rolled loop (the values a user copies).
+constexpr double kLoopInitScale = 65536.0;
+constexpr double kLoopGrowthFactor = 2.0;
+constexpr double kLoopBackoffFactor = 0.5;
+constexpr int64_t kLoopGrowthInterval = 2000;
+
+struct Config {
+  std::string name;  // as printed
+  std::string kind;  // "fp32", "tf32", "amp", "loop"
+  c10::ScalarType dtype = at::kFloat;
+  amp::OptLevel level = amp::OptLevel::O0;
+};
+
+std::string dtype_name(c10::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return "bf16";
+  if (dtype == at::kHalf) return "fp16";
+  return "fp32";
+}
+
+/// What one run needs from its precision configuration: a training step, inference under the same precision,
+/// the module (for train()/eval()), and what to read after the last step.
+struct Trainer {
+  std::function<at::Tensor(const Batch&)> step;  // returns the step's loss on the device (no host sync)
+  ForwardFn forward;                             // fp32 logits
+  torch::nn::Module* module = nullptr;
+  std::function<void(RunResult&)> finish;  // skipped steps and final loss scale, where there are any
+};
+
+// ---- The three training loops -----------------------------------------------------------------------------
+
+/// FP32 and TF32: the plain LibTorch loop.
+template <typename Task>
+Trainer plain_trainer(const Task& task) {
+  struct State {
+    typename Task::Net net;
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+  };
+  auto s = std::make_shared<State>(State{task.make_model(), nullptr});
+  s->optimizer = task.make_optimizer(s->net);
+  Trainer t;
+  t.module = s->net.ptr().get();
+  t.step = [s, &task](const Batch& b) {
+    s->optimizer->zero_grad();
+    auto loss = task.loss(s->net->forward(b.input), b);
+    loss.backward();
+    s->optimizer->step();
+    return loss.detach();
+  };
+  t.forward = [s](const at::Tensor& x) { return s->net->forward(x); };
+  t.finish = [s](RunResult&) {};
+  return t;
+}
+
+/// amp: initialize, scale_loss, step (see amp/amp.h).
+template <typename Task>
+Trainer amp_trainer(const Task& task, amp::OptLevel level, c10::ScalarType dtype) {
+  using Net = typename Task::Net;
+  struct State {
+    Net net;
+    std::unique_ptr<torch::optim::Optimizer> inner;
+    std::optional<amp::Initialized<Net>> amp;
+  };
+  auto s = std::make_shared<State>(State{task.make_model(), nullptr, std::nullopt});
+  s->inner = task.make_optimizer(s->net);
+  s->amp.emplace(amp::initialize(s->net, *s->inner, amp::Options().opt_level(level).half_dtype(dtype)));
+  Trainer t;
+  t.module = s->net.ptr().get();
+  t.step = [s, &task](const Batch& b) {
+    auto& model = s->amp->model;
+    auto& optimizer = s->amp->optimizer;
+    optimizer.zero_grad();
+    auto loss = task.loss(model(b.input), b);
+    {
+      auto scaled = amp::scale_loss(loss, optimizer);
+      scaled.backward();
+    }
+    optimizer.step();
+    return loss.detach();
+  };
+  t.forward = [s](const at::Tensor& x) { return s->amp->model(x); };
+  t.finish = [s](RunResult& r) {
+    const amp::ScalerDiagnostics d = s->amp->optimizer.scaler().diagnostics_now();
+    r.skipped_steps = d.skipped_steps;
+    r.final_scale = d.scale;
+  };
+  return t;
+}
+
+/// Peer: the O1-equivalent loop a LibTorch user writes by hand today (what torch.amp does, spelled out in ATen).
+template <typename Task>
+Trainer loop_trainer(const Task& task, c10::ScalarType dtype, const torch::Device& device) {
+  struct State {
+    typename Task::Net net;
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    at::Tensor scale, growth_tracker, found_inf;
+    int64_t skipped = 0;
+  };
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  auto s = std::make_shared<State>(State{task.make_model(), nullptr, torch::full({}, kLoopInitScale, f32),
+                                         torch::zeros({}, f32.dtype(torch::kInt)), torch::zeros({}, f32), 0});
+  s->optimizer = task.make_optimizer(s->net);
+  const c10::DeviceType device_type = device.type();
+  auto forward = [s, device_type, dtype](const at::Tensor& x) {
+    at::autocast::set_autocast_enabled(device_type, true);
+    at::autocast::set_autocast_dtype(device_type, dtype);
+    auto logits = s->net->forward(x);
+    at::autocast::set_autocast_enabled(device_type, false);
+    at::autocast::clear_cache();  // the cast weights must not outlive the optimizer step
+    return logits.to(torch::kFloat);
+  };
+  Trainer t;
+  t.module = s->net.ptr().get();
+  t.forward = forward;
+  t.step = [s, &task, forward](const Batch& b) {
+    s->optimizer->zero_grad();
+    auto loss = task.loss(forward(b.input), b);
+    (loss * s->scale).backward();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : s->net->parameters()) {
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
+    s->found_inf.zero_();
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, s->found_inf, s->scale.reciprocal());
+    // torch::optim cannot skip on the device: one host read per step, as torch.amp's GradScaler.step does.
+    if (s->found_inf.template item<float>() == 0.0f) {
+      s->optimizer->step();
+    } else {
+      ++s->skipped;
+    }
+    at::_amp_update_scale_(s->scale, s->growth_tracker, s->found_inf, kLoopGrowthFactor, kLoopBackoffFactor,
+                           kLoopGrowthInterval);
+    return loss.detach();
+  };
+  t.finish = [s](RunResult& r) {
+    r.skipped_steps = s->skipped;
+    r.final_scale = s->scale.template item<double>();
+  };
+  return t;
+}
+
+// ---- Running one configuration ----------------------------------------------------------------------------
+
+/// TF32 for cuBLAS and cuDNN on (the TF32 run) or off (every other run: strict FP32 where ops stay fp32; note
+/// that PyTorch's default leaves cuDNN's TF32 on). Restores the previous settings.
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool enabled)
+      : saved_cublas_(at::globalContext().allowTF32CuBLAS()), saved_cudnn_(at::globalContext().allowTF32CuDNN()) {
+    at::globalContext().setAllowTF32CuBLAS(enabled);
+    at::globalContext().setAllowTF32CuDNN(enabled);
+  }
+  ~Tf32Scope() {
+    at::globalContext().setAllowTF32CuBLAS(saved_cublas_);
+    at::globalContext().setAllowTF32CuDNN(saved_cudnn_);
+  }
+  Tf32Scope(const Tf32Scope&) = delete;
+  Tf32Scope& operator=(const Tf32Scope&) = delete;
+
+ private:
+  bool saved_cublas_, saved_cudnn_;
+};
+
+/// CUDA: peak bytes allocated through the caching allocator during a run, above what was allocated at its start
+/// (the data set). CPU: not measured (no allocator statistics; max RSS never goes down between runs).
+class PeakMemory {
+ public:
+  explicit PeakMemory(const torch::Device& device) : device_(device) {
+#ifdef LIBTORCH_AMP_WITH_CUDA
+    if (device_.is_cuda()) {
+      index_ = device_.has_index() ? device_.index() : c10::cuda::current_device();
+      torch::cuda::synchronize(index_);
+      c10::cuda::CUDACachingAllocator::resetPeakStats(index_);
+      start_bytes_ = aggregate().current;
+    }
+#endif
+  }
+  std::optional<double> peak_mib() const {
+#ifdef LIBTORCH_AMP_WITH_CUDA
+    if (device_.is_cuda()) {
+      torch::cuda::synchronize(index_);
+      return static_cast<double>(aggregate().peak - start_bytes_) / kBytesPerMiB;
+    }
+#endif
+    return std::nullopt;
+  }
+
+ private:
+#ifdef LIBTORCH_AMP_WITH_CUDA
+  c10::CachingAllocator::Stat aggregate() const {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(index_)
+        .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  }
+  c10::DeviceIndex index_ = 0;
+  int64_t start_bytes_ = 0;
+#endif
+  torch::Device device_;
+};
+
+template <typename Task>
+Trainer make_trainer(const Task& task, const Config& config, const torch::Device& device) {
+  if (config.kind == "amp") return amp_trainer(task, config.level, config.dtype);
+  if (config.kind == "loop") return loop_trainer(task, config.dtype, device);
+  return plain_trainer(task);
+}
+
+std::string error_text(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10_error ? c10_error->what_without_backtrace() : e.what();
+  return text.substr(0, text.find('\n'));  // the first line says what; the rest is context
+}
+
+/// One configuration of one model while the matrix runs.
+struct Contender {
+  Config config;
+  RunResult result;
+  std::optional<Trainer> trainer;
+  at::Tensor losses;  // [steps] fp32 on the device
+  int64_t next_step = 0;
+  std::vector<double> seconds_per_step;  // one sample per timed round
+};
+
+// Note [interleaved rounds]
+// The machines these numbers come from are shared (a 2-core VM running other builds swings 3x within a
+// minute), so configurations are not timed one after the other: every contender is built and warmed up alone
+// (which is also where its peak memory is measured: only its own tensors move then), and the timed steps run
+// in rounds, each round giving every contender a few steps in turn. Throughput is the median over rounds, so
+// noise hits all configurations alike, as in common/timing.h. Each contender still trains its own model on the
+// same batch sequence, so losses and accuracies are those of uninterrupted training.
+
+void with_precision(const Contender& c, const torch::Device& device, const std::function<void()>& body) {
+  std::optional<Tf32Scope> tf32;
+  if (device.is_cuda()) tf32.emplace(c.config.kind == "tf32");
+  body();
+}
+
+template <typename Task>
+void step_contender(const Task& task, Contender& c, int64_t until_step) {
+  for (; c.next_step < until_step; ++c.next_step) {
+    c.losses[c.next_step].copy_(c.trainer->step(task.batch(c.next_step)));
+  }
+}
+
+/// Builds the contender and runs its warmup steps alone, measuring its peak memory.
+template <typename Task>
+void warm_up(const Task& task, Contender& c, const torch::Device& device, int64_t warmup) {
+  with_precision(c, device, [&] {
+    PeakMemory memory(device);
+    c.trainer = make_trainer(task, c.config, device);
+    c.losses = torch::empty({task.num_steps()}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    c.trainer->module->train();
+    step_contender(task, c, warmup);
+    c.result.peak_mib = memory.peak_mib();
+  });
+}
+
+/// After the last step: losses, accuracy, scaler readings; then frees the contender's model.
+template <typename Task>
+void finish(const Task& task, Contender& c, const torch::Device& device) {
+  RunResult& r = c.result;
+  const int64_t steps = task.num_steps();
+  const double step_s = bench::median(c.seconds_per_step);
+  r.step_ms = 1e3 * step_s;
+  r.samples_per_s = static_cast<double>(task.samples_per_step()) / step_s;
+  auto host = c.losses.cpu();
+  r.losses.assign(host.data_ptr<float>(), host.data_ptr<float>() + steps);
+  r.final_loss = host.slice(0, steps - std::min(kFinalLossWindowSteps, steps)).mean().item<double>();
+  with_precision(c, device, [&] {
+    torch::NoGradGuard no_grad;
+    c.trainer->module->eval();
+    r.accuracy = task.accuracy(c.trainer->forward);
+    c.trainer->module->train();
+  });
+  c.trainer->finish(r);
+  c.trainer.reset();
+  c.losses = at::Tensor();
+}
+
+/// Trains every configuration for task.num_steps() steps: warmup alone, then timed in interleaved rounds of
+/// `steps_per_round` steps (Note [interleaved rounds]). A configuration that throws is reported, not fatal.
+template <typename Task>
+std::vector<RunResult> run_configs(const Task& task, const std::vector<Config>& configs, const torch::Device& device,
+                                   int64_t warmup, int64_t rounds) {
+  const int64_t steps = task.num_steps();
+  warmup = std::clamp<int64_t>(warmup, 0, steps - 1);
+  const int64_t steps_per_round = (steps - warmup + rounds - 1) / rounds;
+  std::vector<Contender> contenders;
+  for (const Config& config : configs) {
+    Contender c;
+    c.config = config;
+    c.result.model = task.name();
+    c.result.config = config.name;
+    c.result.kind = config.kind;
+    c.result.dtype = config.kind == "tf32" ? "tf32" : dtype_name(config.dtype);
+    contenders.push_back(std::move(c));
+  }
+  auto guarded = [&](Contender& c, const std::function<void()>& body) {
+    if (!c.result.ok()) return;
+    try {
+      body();
+    } catch (const std::exception& e) {
+      c.result.error = error_text(e);
+      c.trainer.reset();
+    }
+  };
+  fmt::print("  warmup ({} steps each, alone):", warmup);
+  for (auto& c : contenders) {
+    fmt::print(" {}", c.config.name);
+    std::fflush(stdout);
+    guarded(c, [&] { warm_up(task, c, device, warmup); });
+  }
+  fmt::print("\n  timing: {} steps each, in rounds of {} steps\n", steps - warmup, steps_per_round);
+  std::fflush(stdout);
+  for (int64_t begin = warmup; begin < steps; begin += steps_per_round) {
+    const int64_t end = std::min(steps, begin + steps_per_round);
+    for (auto& c : contenders) {
+      guarded(c, [&] {
+        with_precision(c, device, [&] {
+          bench::synchronize(device);
+          const auto start = std::chrono::steady_clock::now();
+          step_contender(task, c, end);
+          bench::synchronize(device);
+          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          c.seconds_per_step.push_back(seconds / static_cast<double>(end - begin));
+        });
+      });
+    }
+  }
+  std::vector<RunResult> results;
+  for (auto& c : contenders) {
+    guarded(c, [&] { finish(task, c, device); });
+    const RunResult& r = c.result;
+    if (r.ok()) {
+      fmt::print("  {:<16}{:>10.1f} samples/s  final loss {:.4f}  accuracy {:.2f}%\n", r.config, r.samples_per_s,
+                 *r.final_loss, 100.0 * r.accuracy.value_or(0.0));
+    } else {
+      fmt::print("  {:<16}skipped: {}\n", r.config, r.error);
+    }
+    results.push_back(r);
+  }
+  return results;
+}
+
+// ---- The matrix ---------------------------------------------------------------------------------------------
+
+std::vector<c10::ScalarType> half_dtypes(const torch::Device& device, bool full) {
+  if (!device.is_cuda()) {
+    // CPU: bf16 is what CPUs accelerate (AVX512-BF16, AMX); fp16 kernels are sparse and slow, so full mode only.
+    if (full) return {at::kBFloat16, at::kHalf};
+    return {at::kBFloat16};
+  }
+#ifdef LIBTORCH_AMP_WITH_CUDA
+  constexpr int kFirstBf16Major = 8;  // Ampere
+  if (at::cuda::getCurrentDeviceProperties()->major >= kFirstBf16Major) return {at::kBFloat16, at::kHalf};
+#endif
+  return {at::kHalf};
+}
+
+std::vector<Config> our_configs(const torch::Device& device, const std::vector<c10::ScalarType>& dtypes) {
+  std::vector<Config> configs = {{"FP32", "fp32"}};
+  if (device.is_cuda()) configs.push_back({"TF32", "tf32"});
+  for (auto dtype : dtypes) {
+    for (auto level : {amp::OptLevel::O1, amp::OptLevel::O2, amp::OptLevel::O3}) {
+      configs.push_back({fmt::format("{} {}", amp::opt_level_name(level), dtype_name(dtype)), "amp", dtype, level});
+    }
+  }
+  return configs;
+}
+
+struct Flags {
+  bool full = false;
+  std::string device = "auto";
+  std::vector<std::string> models = {"cnn", "transformer"};
+  int64_t steps = 0;    // > 0: cap on the steps of every run
+  int64_t warmup = -1;  // < 0: the mode's default
+  bool synthetic = false;
+  std::string data_dir = examples::kDefaultFashionMnistDir;
+  uint64_t seed = 0;
+  std::string out_dir = LTA_RESULTS_DIR;
+  std::string python;  // empty: default_python
+  std::string peer_script = LTA_PEER_SCRIPT;
+  bool no_torch_peer = false;
+  int64_t rounds = 8;
+  int threads = 0;  // > 0: intra-op threads (ours and the peer's)
+};
+
+bench::CnnTask::Settings cnn_settings(const Flags& flags, bool cuda) {
+  bench::CnnTask::Settings s;
+  s.data_dir = flags.data_dir;
+  s.synthetic = flags.synthetic;
+  s.seed = flags.seed;
+  s.max_steps = flags.steps;
+  if (!flags.full) {
+    s.train_samples = 3072;  // 24 steps of 128: a few seconds per run on a 2-core CPU
+    s.test_samples = 2000;
+  } else {
+    s.epochs = cuda ? 2 : 1;  // all 60k images; accuracy is compared after the same epochs
+  }
+  return s;
+}
+
+bench::TransformerTask::Settings transformer_settings(const Flags& flags, bool cuda) {
+  bench::TransformerTask::Settings s;
+  s.seed = flags.seed;
+  if (flags.full && cuda) {
+    // Big enough that matmuls dominate and half-precision tensor cores matter (~3.5 TFLOP per step).
+    s.model.vocab_size(8192).seq_len(512).d_model(1024).num_heads(16);
+    s.batch_size = 32;
+    s.steps = 60;
+  } else if (flags.full) {
+    s.model.vocab_size(2048).seq_len(128).d_model(256).num_heads(4);
+    s.steps = 60;
+  } else {
+    s.model.vocab_size(1024).seq_len(64).d_model(256).num_heads(4);
+    s.steps = 30;
+  }
+  if (flags.steps > 0) s.steps = flags.steps;
+  return s;
+}
+
+std::vector<std::string> peer_model_args(const bench::CnnTask&) { return {}; }
+std::vector<std::string> peer_model_args(const bench::TransformerTask& task) {
+  const auto& m = task.settings().model;
+  return {"--vocab",   std::to_string(m.vocab_size()), "--seq",       std::to_string(m.seq_len()),
+          "--d-model", std::to_string(m.d_model()),    "--heads",     std::to_string(m.num_heads()),
+          "--layers",  std::to_string(m.num_layers()), "--mlp-ratio", std::to_string(m.mlp_ratio())};
+}
+
+/// Every configuration of one model, then the peers, appended to `results`.
+template <typename Task>
+void run_model(const Task& task, const Flags& flags, const torch::Device& device, int64_t warmup,
+               std::vector<RunResult>& results) {
+  fmt::print("\n{}\n", task.description());
+  const auto dtypes = half_dtypes(device, flags.full);
+  std::vector<Config> configs = our_configs(device, dtypes);
+  for (auto dtype : dtypes) configs.push_back({"loop O1 " + dtype_name(dtype), "loop", dtype});
+  for (auto& r : run_configs(task, configs, device, warmup, flags.rounds)) results.push_back(std::move(r));
+  if (flags.no_torch_peer) return;
+  bench::TorchPeerRequest request;
+  request.python = flags.python.empty() ? bench::default_python(LTA_SOURCE_DIR) : flags.python;
+  request.script = flags.peer_script;
+  request.model = task.name();
+  request.device = device.str();
+  for (auto dtype : dtypes) request.dtypes.push_back(dtype_name(dtype));
+  request.steps = task.num_steps();
+  request.warmup = std::clamp<int64_t>(warmup, 0, task.num_steps() - 1);
+  request.rounds = flags.rounds;
+  request.threads = at::get_num_threads();
+  request.batch_size = task.samples_per_step();
+  request.seed = flags.seed;
+  request.lr = task.settings().lr;
+  request.model_args = peer_model_args(task);
+  request.log_path = flags.out_dir + "/torch_amp_peer_" + task.name() + ".log";
+  fmt::print("  torch.amp peer  ({} {})\n", request.python, request.script);
+  std::fflush(stdout);
+  std::string skip_reason;
+  auto rows = bench::run_torch_amp_peer(request, &skip_reason);
+  if (!skip_reason.empty()) fmt::print("  torch.amp peer not run: {}\n", skip_reason);
+  for (auto& row : rows) {
+    if (row.ok()) {
+      fmt::print("  {:<16}{:>10.1f} samples/s\n", row.config, row.samples_per_s);
+    } else {
+      fmt::print("  {:<16}skipped: {}\n", row.config, row.error);
+    }
+    results.push_back(row);
+  }
+}
+
+std::string cpu_model_name() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+bench::RunContext make_context(const torch::Device& device, bool full) {
+  bench::RunContext c;
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M", std::localtime(&now));
+  c.date = date;
+  c.machine = fmt::format("{} ({} threads, torch uses {})", cpu_model_name(), std::thread::hardware_concurrency(),
+                          at::get_num_threads());
+#ifdef LIBTORCH_AMP_WITH_CUDA
+  if (device.is_cuda()) c.machine += fmt::format("; GPU {}", at::cuda::getCurrentDeviceProperties()->name);
+#endif
+  c.device = device.str();
+  c.mode = full ? "full" : "quick";
+  c.torch_version = fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+  return c;
+}
+
+const char* kLegend =
+    "samples/s, step ms: median over interleaved rounds after warmup (CNN: images; transformer: sequences).\n"
+    "x FP32 / x TF32: throughput ratio to that run of the same model. peak MiB: CUDA allocator peak above the\n"
+    "run's start, measured during its warmup ('-' on CPU: not measured); x mem: to FP32. loss: mean of the last\n"
+    "10 steps. acc: CNN test accuracy, transformer held-out next-token accuracy. skipped/scale: overflowed steps\n"
+    "and the final loss scale. x loop / x torch: our throughput over the hand-rolled LibTorch autocast loop /\n"
+    "torch.autocast + GradScaler (both O1-style, same dtype). The torch.amp peer runs after ours (not interleaved)\n"
+    "on random inputs of the same shapes, so it has no loss or accuracy here.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  CLI::App app{"AMP vs FP32: the same training under FP32, TF32 and amp O1/O2/O3, against two peers"};
+  app.add_flag("--full", flags.full, "The whole matrix at the full sizes (GPU: fp16 and bf16, larger transformer)");
+  app.add_option("--device", flags.device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--models", flags.models, "Which models (cnn, transformer)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"cnn", "transformer"}));
+  app.add_option("--steps", flags.steps, "Cap on the training steps of every run (0: the mode's)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", flags.warmup, "Untimed steps at the start of each run (default: 3 quick, 10 full)");
+  app.add_option("--rounds", flags.rounds, "Timed rounds the steps after warmup are split into (interleaved)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", flags.threads,
+                 "CPU threads for ours and the torch.amp peer (default: LibTorch's; 1 is steadier on a busy machine)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--synthetic", flags.synthetic, "Train the CNN on generated data instead of Fashion-MNIST");
+  app.add_option("--data", flags.data_dir, "Folder with the Fashion-MNIST IDX files");
+  app.add_option("--seed", flags.seed, "Seed of the weights and the data order (the same for every run)");
+  app.add_option("--out", flags.out_dir, "Folder for amp_vs_fp32.{json,csv,png}");
+  app.add_option("--python", flags.python, "Python with torch for the torch.amp peer (default: .venv, else python3)");
+  app.add_option("--peer-script", flags.peer_script, "The torch.amp peer script");
+  app.add_flag("--no-torch-peer", flags.no_torch_peer, "Do not run the torch.amp peer");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (flags.threads > 0) at::set_num_threads(flags.threads);
+    const torch::Device device = bench::parse_device(flags.device);
+    const int64_t warmup = flags.warmup >= 0 ? flags.warmup : (flags.full ? 10 : 3);
+    bench::RunContext context = make_context(device, flags.full);
+    fmt::print("AMP vs FP32 on {} ({} mode), {}\nmachine: {} | torch {}\n", context.device, context.mode, context.date,
+               context.machine, context.torch_version);
+    std::filesystem::create_directories(flags.out_dir);
+
+    std::vector<RunResult> results;
+    for (const std::string& model : flags.models) {
+      if (model == "cnn") {
+        bench::CnnTask task(cnn_settings(flags, device.is_cuda()), device);
+        context.task_descriptions.push_back(task.description());
+        run_model(task, flags, device, warmup, results);
+      } else {
+        bench::TransformerTask task(transformer_settings(flags, device.is_cuda()), device);
+        context.task_descriptions.push_back(task.description());
+        run_model(task, flags, device, warmup, results);
+      }
+    }
+
+    bench::write_json_and_csv(flags.out_dir, context, results);
+    const std::string plot = bench::write_plot(flags.out_dir, context, results);
+    fmt::print("\nresults: {0}/amp_vs_fp32.json, {0}/amp_vs_fp32.csv; {1}\n\n{2}\n", flags.out_dir, plot, kLegend);
+    fmt::print("{}", bench::format_table(results));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_amp_vs_fp32: %s\n", error_text(e).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,254 @@
+#include "common/amp_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+namespace bench {
+namespace {
+
+const RunResult* find_run(const std::vector<RunResult>& all, const std::string& model, const std::string& kind,
+                          const std::string& dtype) {
+  for (const auto& r : all) {
+    if (r.ok() && r.model == model && r.kind == kind && (dtype.empty() || r.dtype == dtype)) return &r;
+  }
+  return nullptr;
+}
+
+std::optional<double> throughput_ratio(const RunResult& run, const RunResult* peer) {
+  if (!run.ok() || peer == nullptr || peer->samples_per_s <= 0.0) return std::nullopt;
+  return run.samples_per_s / peer->samples_per_s;
+}
+
+std::string or_dash(const std::optional<double>& v, const char* format) {
+  return v ? fmt::format(fmt::runtime(format), *v) : std::string("-");
+}
+
+std::string ratio_text(const std::optional<double>& v) { return v ? fmt::format("{:.2f}x", *v) : std::string("-"); }
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<int>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(const std::optional<double>& v) {
+  return v && std::isfinite(*v) ? fmt::format("{}", *v) : std::string("null");
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string csv_number(const std::optional<double>& v, const char* format = "{:.6g}") {
+  return v && std::isfinite(*v) ? fmt::format(fmt::runtime(format), *v) : std::string();
+}
+
+std::optional<double> as_double(const std::optional<int64_t>& v) {
+  return v ? std::optional<double>(static_cast<double>(*v)) : std::nullopt;
+}
+
+std::ofstream open_for_writing(const std::string& path) {
+  std::ofstream out(path);
+  TORCH_CHECK(out.good(), "cannot write ", path);
+  return out;
+}
+
+}  // namespace
+
+RunRatios ratios_of(const RunResult& run, const std::vector<RunResult>& all) {
+  RunRatios r;
+  if (!run.ok()) return r;
+  const RunResult* fp32 = find_run(all, run.model, "fp32", "");
+  r.vs_fp32 = throughput_ratio(run, fp32);
+  r.vs_tf32 = throughput_ratio(run, find_run(all, run.model, "tf32", ""));
+  if (fp32 != nullptr && fp32->peak_mib && run.peak_mib && *fp32->peak_mib > 0.0) {
+    r.peak_vs_fp32 = *run.peak_mib / *fp32->peak_mib;
+  }
+  if (fp32 != nullptr && fp32->accuracy && run.accuracy)
+    r.accuracy_delta_points = 100.0 * (*run.accuracy - *fp32->accuracy);
+  if (run.kind == "amp") {
+    r.vs_loop = throughput_ratio(run, find_run(all, run.model, "loop", run.dtype));
+    r.vs_torch_amp = throughput_ratio(run, find_run(all, run.model, "torch.amp", run.dtype));
+  }
+  return r;
+}
+
+std::string format_table(const std::vector<RunResult>& runs) {
+  std::string out =
+      fmt::format("{:<12} {:<15} {:>10} {:>7} {:>7} {:>9} {:>9} {:>6} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9}\n", "model",
+                  "config", "samples/s", "x FP32", "x TF32", "step ms", "peak MiB", "x mem", "loss", "acc %", "skipped",
+                  "scale", "x loop", "x torch");
+  for (const auto& run : runs) {
+    if (!run.ok()) {
+      out += fmt::format("{:<12} {:<15} skipped: {}\n", run.model, run.config, run.error);
+      continue;
+    }
+    const RunRatios r = ratios_of(run, runs);
+    const std::optional<double> accuracy_percent =
+        run.accuracy ? std::optional<double>(100.0 * *run.accuracy) : std::nullopt;
+    out +=
+        fmt::format("{:<12} {:<15} {:>10.1f} {:>7} {:>7} {:>9.2f} {:>9} {:>6} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9}\n",
+                    run.model, run.config, run.samples_per_s, ratio_text(r.vs_fp32), ratio_text(r.vs_tf32), run.step_ms,
+                    or_dash(run.peak_mib, "{:.0f}"), ratio_text(r.peak_vs_fp32), or_dash(run.final_loss, "{:.4f}"),
+                    or_dash(accuracy_percent, "{:.2f}"), or_dash(as_double(run.skipped_steps), "{:.0f}"),
+                    or_dash(run.final_scale, "{:g}"), ratio_text(r.vs_loop), ratio_text(r.vs_torch_amp));
+  }
+  return out;
+}
+
+void write_json_and_csv(const std::string& dir, const RunContext& context, const std::vector<RunResult>& runs) {
+  std::filesystem::create_directories(dir);
+  std::ofstream json = open_for_writing(dir + "/amp_vs_fp32.json");
+  json << "{\n  \"benchmark\": \"amp_vs_fp32\",\n"
+       << "  \"date\": " << json_string(context.date) << ",\n  \"machine\": " << json_string(context.machine)
+       << ",\n  \"device\": " << json_string(context.device) << ",\n  \"mode\": " << json_string(context.mode)
+       << ",\n  \"torch\": " << json_string(context.torch_version) << ",\n  \"tasks\": [";
+  for (size_t i = 0; i < context.task_descriptions.size(); ++i) {
+    json << (i ? ", " : "") << json_string(context.task_descriptions[i]);
+  }
+  json << "],\n  \"runs\": [\n";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunResult& run = runs[i];
+    const RunRatios r = ratios_of(run, runs);
+    json << "    {\"model\": " << json_string(run.model) << ", \"config\": " << json_string(run.config)
+         << ", \"kind\": " << json_string(run.kind) << ", \"dtype\": " << json_string(run.dtype)
+         << ", \"ok\": " << (run.ok() ? "true" : "false") << ", \"error\": " << json_string(run.error)
+         << ", \"samples_per_s\": " << json_number(run.samples_per_s) << ", \"step_ms\": " << json_number(run.step_ms)
+         << ", \"peak_mib\": " << json_number(run.peak_mib) << ", \"final_loss\": " << json_number(run.final_loss)
+         << ", \"accuracy\": " << json_number(run.accuracy)
+         << ", \"skipped_steps\": " << json_number(as_double(run.skipped_steps))
+         << ", \"final_scale\": " << json_number(run.final_scale) << ", \"x_fp32\": " << json_number(r.vs_fp32)
+         << ", \"x_tf32\": " << json_number(r.vs_tf32) << ", \"peak_x_fp32\": " << json_number(r.peak_vs_fp32)
+         << ", \"accuracy_delta_points\": " << json_number(r.accuracy_delta_points)
+         << ", \"x_loop\": " << json_number(r.vs_loop) << ", \"x_torch_amp\": " << json_number(r.vs_torch_amp)
+         << ", \"losses\": [";
+    for (size_t k = 0; k < run.losses.size(); ++k) {
+      json << (k ? ", " : "") << json_number(static_cast<double>(run.losses[k]));
+    }
+    json << "]}" << (i + 1 < runs.size() ? "," : "") << "\n";
+  }
+  json << "  ]\n}\n";
+
+  std::ofstream csv = open_for_writing(dir + "/amp_vs_fp32.csv");
+  csv << "model,config,kind,dtype,status,samples_per_s,x_fp32,x_tf32,step_ms,peak_mib,peak_x_fp32,final_loss,"
+         "accuracy,accuracy_delta_points,skipped_steps,final_scale,x_loop,x_torch_amp,error\n";
+  for (const auto& run : runs) {
+    const RunRatios r = ratios_of(run, runs);
+    const std::string sps = run.ok() ? fmt::format("{:.6g}", run.samples_per_s) : std::string();
+    const std::string ms = run.ok() ? fmt::format("{:.6g}", run.step_ms) : std::string();
+    csv << run.model << ',' << csv_field(run.config) << ',' << run.kind << ',' << run.dtype << ','
+        << (run.ok() ? "ok" : "skipped") << ',' << sps << ',' << csv_number(r.vs_fp32, "{:.3f}") << ','
+        << csv_number(r.vs_tf32, "{:.3f}") << ',' << ms << ',' << csv_number(run.peak_mib) << ','
+        << csv_number(r.peak_vs_fp32, "{:.3f}") << ',' << csv_number(run.final_loss) << ',' << csv_number(run.accuracy)
+        << ',' << csv_number(r.accuracy_delta_points, "{:.2f}") << ','
+        << csv_number(as_double(run.skipped_steps), "{:.0f}") << ',' << csv_number(run.final_scale) << ','
+        << csv_number(r.vs_loop, "{:.3f}") << ',' << csv_number(r.vs_torch_amp, "{:.3f}") << ',' << csv_field(run.error)
+        << '\n';
+  }
+  TORCH_CHECK(json.good() && csv.good(), "writing the results into ", dir, " failed");
+}
+
+std::string write_plot(const std::string& dir, const RunContext& context, const std::vector<RunResult>& runs) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    return "no PNG: gnuplot is not installed (apt-get install gnuplot-nox)";
+  }
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> models;
+  for (const auto& run : runs) {
+    if (run.ok() && std::find(models.begin(), models.end(), run.model) == models.end()) models.push_back(run.model);
+  }
+  if (models.empty()) return "no PNG: no run completed";
+
+  std::ostringstream plots;
+  for (const std::string& model : models) {
+    // Loss curves: one column per run that recorded them (all of ours have the same number of steps).
+    std::vector<const RunResult*> curves;
+    for (const auto& run : runs) {
+      if (run.ok() && run.model == model && !run.losses.empty()) curves.push_back(&run);
+    }
+    const std::string loss_file = dir + "/amp_vs_fp32_" + model + "_loss.dat";
+    {
+      std::ofstream out = open_for_writing(loss_file);
+      out << "step";
+      for (const auto* run : curves) out << " \"" << run->config << '"';
+      out << '\n';
+      const size_t steps = curves.empty() ? 0 : curves.front()->losses.size();
+      for (size_t s = 0; s < steps; ++s) {
+        out << s;
+        for (const auto* run : curves) out << ' ' << (s < run->losses.size() ? run->losses[s] : NAN);
+        out << '\n';
+      }
+    }
+    const std::string bar_file = dir + "/amp_vs_fp32_" + model + "_throughput.dat";
+    {
+      std::ofstream out = open_for_writing(bar_file);
+      for (const auto& run : runs) {
+        if (run.ok() && run.model == model) out << '"' << run.config << "\" " << run.samples_per_s << '\n';
+      }
+    }
+    plots << "set title '" << model << ": training loss per step'\nset xlabel 'step'\nset ylabel 'loss'\n"
+          << "set xtics norotate\nset autoscale y\nset key top right\n";
+    if (curves.empty()) {
+      plots << "plot 0 notitle\n";
+    } else {
+      plots << "plot for [i=2:" << curves.size() + 1 << "] '" << loss_file
+            << "' using 1:i with lines lw 1.5 title columnheader(i)\n";
+    }
+    plots << "set title '" << model << ": throughput (samples/s, higher is better)'\nset xlabel ''\nset ylabel "
+          << "'samples/s'\nset yrange [0:*]\nset style fill solid 0.7\nset boxwidth 0.7\nset xtics rotate by -35\n"
+          << "plot '" << bar_file << "' using 0:2:xtic(1) with boxes notitle\nunset yrange\n";
+  }
+  const std::string script = dir + "/amp_vs_fp32.gp";
+  const std::string png = dir + "/amp_vs_fp32.png";
+  constexpr int64_t kPanelHeightPixels = 550;
+  const int64_t height = kPanelHeightPixels * static_cast<int64_t>(models.size());
+  // pngcairo draws better; plain png (libgd) is the fallback where gnuplot was built without cairo.
+  for (const char* terminal : {"pngcairo size 1500,{} noenhanced font ',10'", "png size 1500,{} noenhanced"}) {
+    {
+      std::ofstream out = open_for_writing(script);
+      out << "set terminal " << fmt::format(fmt::runtime(terminal), height) << "\n";
+      out << "set output '" << png << "'\n";
+      out << "set multiplot layout " << models.size() << ",2 title 'AMP vs FP32 on " << context.device << " ("
+          << context.mode << " mode), " << context.date << "'\n";
+      out << plots.str() << "unset multiplot\n";
+    }
+    if (std::system(("gnuplot '" + script + "' 2>'" + dir + "/amp_vs_fp32.gnuplot.log'").c_str()) == 0) {
+      return "plot: " + png;
+    }
+  }
+  return "no PNG: gnuplot failed (see " + dir + "/amp_vs_fp32.gnuplot.log)";
+}
+
+}  // namespace bench
