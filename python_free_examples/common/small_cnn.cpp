@@ -10,7 +10,9 @@ constexpr int64_t kClasses = 10;
 constexpr int64_t kPooledSide = 7;  // 28 -> 14 -> 7 after two 2x2 pools
 }  // namespace
 
-SmallCnnImpl::SmallCnnImpl() {
+SmallCnnImpl::SmallCnnImpl() { reset(); }
+
+void SmallCnnImpl::reset() {
   conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, kChannels1, 3).padding(1)));
   bn1 = register_module("bn1", torch::nn::BatchNorm2d(kChannels1));
   conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(kChannels1, kChannels2, 3).padding(1)));

@@ -1,0 +1,71 @@
+#include "common/ddp_worker.h"
+
+#include <stdexcept>
+
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/launch_env.h>
+#include <fmt/format.h>
+
+#include "common/small_cnn.h"
+
+namespace examples {
+
+void add_local_rank_flag(CLI::App& app, int& storage) {
+  app.add_option("--local_rank,--local-rank", storage, "Set by the legacy launcher (else LOCAL_RANK is read)");
+}
+
+int local_rank_from_launcher(int argc, const char* const* argv, const std::string& program) {
+  if (!ddp::launched_by_launcher()) {
+    throw std::runtime_error(
+        fmt::format("RANK and WORLD_SIZE are not set: start me with `ddp-launch --nproc-per-node N {0} ...` or "
+                    "`torchrun --nproc-per-node N --no-python {0} ...`",
+                    program));
+  }
+  const ddp::LaunchEnv env = ddp::launch_env_from_environment();
+  return ddp::parse_local_rank_arg(argc, argv).value_or(env.local_rank);
+}
+
+std::string backend_for(const torch::Device& device) { return device.is_cuda() ? "nccl" : "gloo"; }
+
+void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank) {
+  const torch::Device device = pick_device(flags.device, local_rank);
+  if (device.is_cuda()) init.cuda_device(device.index());
+  ddp::ProcessGroup group = ddp::init_process_group(init.backend(backend_for(device)));
+  const Rank rank{group.rank(), group.size()};
+
+  // Same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's state at construction).
+  torch::manual_seed(flags.seed);
+  const Data data = load_data(flags);
+  if (rank.rank == 0) {
+    fmt::print("{} processes ({} backend), device {} on rank 0 | {} training samples, {} test samples\n",
+               rank.world_size, group.backend_name(), device.str(), data.train.images.size(0),
+               data.test.images.size(0));
+  }
+
+  SmallCnn net;
+  net->to(device);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(kSgdMomentum));
+  if (!flags.resume.empty()) load_checkpoint(flags.resume, *net, optimizer);
+  ddp::DistributedDataParallel ddp(net, group);
+
+  for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
+    const double loss = train_epoch(data.train, epoch, flags.epochs, flags.batch_size, device, rank,
+                                    [&](const torch::Tensor& images, const torch::Tensor& labels) {
+                                      optimizer.zero_grad();
+                                      auto l = torch::cross_entropy_loss(ddp.forward(images), labels);
+                                      l.backward();  // returns with gradients averaged over the ranks
+                                      optimizer.step();
+                                      return l;
+                                    });
+    // Rank 0 alone evaluates, on the module itself: ddp.forward() is collective.
+    if (rank.rank == 0) {
+      print_epoch_result(epoch, flags.epochs, loss,
+                         test_accuracy(
+                             *net, [&](const torch::Tensor& x) { return net->forward(x); }, data.test, device));
+    }
+  }
+  if (rank.rank == 0 && !flags.save.empty()) save_checkpoint(flags.save, *net, optimizer);
+  group.barrier();  // nobody leaves (and tears the group down) while rank 0 is still evaluating or saving
+}
+
+}  // namespace examples

@@ -1,0 +1,26 @@
+#pragma once
+
+#include <ddp/process_group.h>
+
+#include "common/training.h"
+
+namespace examples {
+
+/// Registers the legacy launcher's --local_rank / --local-rank on `app` (its value is read by
+/// local_rank_from_launcher; `storage` only keeps CLI11 from rejecting it).
+void add_local_rank_flag(CLI::App& app, int& storage);
+
+/// For a process started by ddp-launch or torchrun: --local_rank / --local-rank when given, else LOCAL_RANK.
+/// Throws with the command to use when the launcher's variables are absent.
+int local_rank_from_launcher(int argc, const char* const* argv, const std::string& program);
+
+/// "nccl" for a CUDA device, "gloo" otherwise.
+std::string backend_for(const torch::Device& device);
+
+/// The body of one DDP worker, shared by ddp_launch and ddp_spawn (which differ only in how the workers are
+/// started): joins the process group `init` describes (its backend is chosen from the device), builds the
+/// small CNN on cuda:`local_rank` (or the CPU), wraps it in ddp::DistributedDataParallel, trains on this rank's
+/// shard with SGD, and on rank 0 prints the test accuracy and writes --save.
+void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank);
+
+}  // namespace examples

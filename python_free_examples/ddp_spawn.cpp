@@ -1,0 +1,34 @@
+// The tutorial's third way: one command starts everything; the program forks its own workers with ddp::spawn
+// (torch.multiprocessing.spawn's counterpart) and they meet at tcp://127.0.0.1:PORT.
+//   ./ddp_spawn --nproc 2 --synthetic
+#include <cstdlib>
+
+#include <ddp/spawn.h>
+#include <fmt/format.h>
+
+#include "common/ddp_worker.h"
+
+int main(int argc, char** argv) {
+  examples::CommonFlags flags;
+  int nproc = 2;
+  int port = 0;
+  CLI::App app{"DDP on Fashion-MNIST with workers spawned by the program itself"};
+  examples::add_common_flags(app, flags);
+  app.add_option("--nproc", nproc, "Worker processes (one per GPU on a GPU machine)")->check(CLI::PositiveNumber);
+  app.add_option("--port", port, "Rendezvous port on 127.0.0.1 (0: a free one)")->check(CLI::Range(0, 65535));
+  CLI11_PARSE(app, argc, argv);
+
+  return examples::run_main("ddp_spawn", [&] {
+    // Fork before CUDA: the parent must not touch the GPU, so the workers pick their devices themselves.
+    ddp::spawn(
+        nproc,
+        [&](int local_rank, int /*nprocs*/) {
+          // ddp::spawn exports the port it chose (a free one when --port is 0) as MASTER_PORT.
+          const char* chosen_port = std::getenv("MASTER_PORT");
+          TORCH_CHECK(chosen_port != nullptr, "ddp_spawn: MASTER_PORT is not set in the worker");
+          const std::string init_method = fmt::format("tcp://127.0.0.1:{}", chosen_port);
+          examples::train_ddp_worker(flags, ddp::InitOptions().init_method(init_method), local_rank);
+        },
+        ddp::SpawnOptions().master_port(port));
+  });
+}
