@@ -1,12 +1,14 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
 
 #include <amp/autocast.h>
 
@@ -41,12 +43,22 @@ struct ForwardPolicy {
     return std::forward<T>(result);
   }
 
-  /// Calls f(cast args...) under the policy and returns its result with floating outputs in fp32.
+  /// Calls f(cast args...) under the policy and returns its result with floating outputs in fp32. An op with no
+  /// fp16 kernel on the CPU is reported with the policy that led to it and the fix (bf16 on CPUs).
   template <typename F, typename... Args>
   auto run(F&& f, Args&&... args) const {
     std::optional<AutocastScope> scope;
     if (autocast) scope.emplace(device_type, half_dtype);
-    return output(f(input(std::forward<Args>(args))...));
+    try {
+      return output(f(input(std::forward<Args>(args))...));
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      TORCH_CHECK(!(device_type == c10::DeviceType::CPU && half_dtype == c10::ScalarType::Half &&
+                    what.find("not implemented for 'Half'") != std::string::npos),
+                  "amp: an op of this model has no float16 kernel on the CPU (", what,
+                  "); use half_dtype(at::kBFloat16) on CPUs, or opt level O0");
+      throw;
+    }
   }
 };
 

@@ -176,3 +176,32 @@ TEST(FusedOptimizerTest, CudaAmpStepWithFusedAdamWHasNoHostSync) {
 }
 
 }  // namespace
+
+namespace {
+
+// amp::clip_grad_norm_ clips the gradients the optimizer applies (the fp32 masters'), on the device, and a
+// non-finite norm marks the step as overflowed so it is skipped.
+TEST(AmpClipTest, ClipsMasterGradientsAndSkipsOnNonFiniteNorm) {
+  Mlp net = make_mlp(12);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = amp::initialize(net, sgd, o2_bf16());
+  optimizer.zero_grad();
+  {
+    auto scaled = amp::scale_loss(model(batch(3)).pow(2).sum() * 100, optimizer);
+    scaled.backward();
+  }
+  const auto norm = amp::clip_grad_norm_(optimizer, 0.5);
+  EXPECT_GT(norm.item<double>(), 0.5) << "the test needs a norm above the limit";
+  double clipped = 0;
+  for (const auto& g : optimizer.gradients()) clipped += g.pow(2).sum().item<double>();
+  EXPECT_NEAR(std::sqrt(clipped), 0.5, 1e-3);
+
+  const auto before = snapshot(sgd.param_groups()[0].params());
+  optimizer.gradients()[0].view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  amp::clip_grad_norm_(optimizer, 0.5);
+  optimizer.step();
+  const auto& after = sgd.param_groups()[0].params();
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(after[i], before[i])) << "master " << i;
+}
+
+}  // namespace
