@@ -101,22 +101,7 @@ struct ClipFunctor {
     if (coef == 1.0f) return;  // the same value in every thread: the whole block leaves
     const Chunk chunk = chunk_of_block(table, block);
     T* data = static_cast<T*>(table.addresses[0][chunk.tensor]) + chunk.begin;
-    int64_t i = 0;
-    if (is_aligned16(data)) {
-      constexpr int kVec = kVectorElements<T>;
-      auto* vectors = reinterpret_cast<Vector16<T>*>(data);
-      const int64_t n_vectors = chunk.num_elements / kVec;
-      for (int64_t v = threadIdx.x; v < n_vectors; v += blockDim.x) {
-        Vector16<T> x = vectors[v];
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) x.values[k] = from_float<T>(to_float(x.values[k]) * coef);
-        vectors[v] = x;
-      }
-      i = n_vectors * kVec;
-    }
-    for (int64_t j = i + threadIdx.x; j < chunk.num_elements; j += blockDim.x) {
-      data[j] = from_float<T>(to_float(data[j]) * coef);
-    }
+    transform_chunk(data, chunk.num_elements, [coef](T v) { return from_float<T>(to_float(v) * coef); });
   }
 };
 

@@ -21,22 +21,7 @@ struct UnscaleFunctor {
     T* data = static_cast<T*>(table.addresses[0][chunk.tensor]) + chunk.begin;
     const float inv_scale = *inv_scale_ptr;
     bool bad = false;
-    int64_t i = 0;
-    if (is_aligned16(data)) {
-      constexpr int kVec = kVectorElements<T>;
-      auto* vectors = reinterpret_cast<Vector16<T>*>(data);
-      const int64_t n_vectors = chunk.num_elements / kVec;
-      for (int64_t v = threadIdx.x; v < n_vectors; v += blockDim.x) {
-        Vector16<T> x = vectors[v];
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) x.values[k] = unscale_one(x.values[k], inv_scale, bad);
-        vectors[v] = x;
-      }
-      i = n_vectors * kVec;
-    }
-    for (int64_t j = i + threadIdx.x; j < chunk.num_elements; j += blockDim.x) {
-      data[j] = unscale_one(data[j], inv_scale, bad);
-    }
+    transform_chunk(data, chunk.num_elements, [&](T v) { return unscale_one(v, inv_scale, bad); });
     // One write per block that saw a non-finite value.
     if (__syncthreads_or(bad) && threadIdx.x == 0) {
       *found_inf = 1.0f;

@@ -42,6 +42,27 @@ struct alignas(16) Vector16 {
 
 __device__ __forceinline__ bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+/// Replaces every element v of data[0, n) by op(v), the threads of the block striding through: 16-byte vector
+/// loads and stores where `data` is aligned, then a scalar tail. The read-modify-write shape of scale, clip and
+/// unscale.
+template <typename T, typename Op>
+__device__ __forceinline__ void transform_chunk(T* data, int64_t n, Op op) {
+  int64_t i = 0;
+  if (is_aligned16(data)) {
+    constexpr int kVec = kVectorElements<T>;
+    auto* vectors = reinterpret_cast<Vector16<T>*>(data);
+    const int64_t n_vectors = n / kVec;
+    for (int64_t v = threadIdx.x; v < n_vectors; v += blockDim.x) {
+      Vector16<T> x = vectors[v];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) x.values[k] = op(x.values[k]);
+      vectors[v] = x;
+    }
+    i = n_vectors * kVec;
+  }
+  for (int64_t j = i + threadIdx.x; j < n; j += blockDim.x) data[j] = op(data[j]);
+}
+
 /// Calls `f(dtype_tag)` with a value of the CUDA storage type matching `dtype`.
 template <typename F>
 void dispatch_dtype(DType dtype, F&& f) {
