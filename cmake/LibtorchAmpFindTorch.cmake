@@ -44,6 +44,11 @@ if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
       list(APPEND TORCH_CUDA_ARCH_LIST "${_lta_arch}")
     endif()
   endforeach()
+  # Without a list (a CPU-only build of ours, or "native") Caffe2 probes for GPUs with a CUDA try_run, which
+  # fails on a machine without one; our own CUDA flags do not come from this list anyway.
+  if(NOT TORCH_CUDA_ARCH_LIST)
+    set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+  endif()
 endif()
 unset(CMAKE_CUDA_ARCHITECTURES)
 unset(CMAKE_CUDA_ARCHITECTURES CACHE)
