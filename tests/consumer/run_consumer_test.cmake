@@ -4,8 +4,12 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WO
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "install failed (${rc})")
 endif()
+set(arch_args "")
+if(CUDA_ARCHS)  # a CPU-only build has none, and CMake refuses an empty CMAKE_CUDA_ARCHITECTURES
+  set(arch_args "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS}")
+endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
-                        "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix;${TORCH_PREFIX}" "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS}"
+                        "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix;${TORCH_PREFIX}" ${arch_args}
                         -DCMAKE_BUILD_TYPE=Release
                 RESULT_VARIABLE rc OUTPUT_QUIET)
 if(NOT rc EQUAL 0)
