@@ -22,13 +22,7 @@
 
 #include <cmath>
 
-#ifndef LTA_HOST_DEVICE  // also defined, identically, by kernels/loss_scale_rule.h
-#if defined(__CUDACC__)
-#define LTA_HOST_DEVICE __host__ __device__
-#else
-#define LTA_HOST_DEVICE
-#endif
-#endif
+#include <kernels/host_device.h>
 
 namespace kernels {
 

@@ -15,11 +15,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define LTA_HOST_DEVICE __host__ __device__
-#else
-#define LTA_HOST_DEVICE
-#endif
+#include <kernels/host_device.h>
 
 namespace kernels {
 

@@ -14,6 +14,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <kernels/cpu/dispatch_dtype.h>
 #include <kernels/dtype.h>
 
 namespace kernels::cpu::CPU_CAPABILITY {
@@ -56,17 +57,6 @@ FloatPair store_from_float(T* p, const FloatPair& v) {
   }
 }
 
-/// Calls f(T{}) with the c10 storage type of `dtype`.
-template <typename F>
-void dispatch_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return f(float{});
-    case DType::kFloat16:
-      return f(c10::Half{});
-    case DType::kBFloat16:
-      return f(c10::BFloat16{});
-  }
-}
+using ::kernels::cpu::dispatch_dtype;
 
 }  // namespace kernels::cpu::CPU_CAPABILITY

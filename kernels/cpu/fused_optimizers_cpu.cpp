@@ -1,5 +1,7 @@
 #include <kernels/cpu/fused_optimizers_cpu.h>
 
+#include <kernels/cpu/dispatch_dtype.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -125,18 +127,7 @@ void parallel_over_elements(const PointerLists<kDepth>& lists, const SpanFn& spa
   });
 }
 
-/// Calls f(tag) with a value of the CPU storage type matching `dtype`.
-template <typename F>
-void dispatch_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return f(float{});
-    case DType::kFloat16:
-      return f(c10::Half{});
-    case DType::kBFloat16:
-      return f(c10::BFloat16{});
-  }
-}
+using ::kernels::cpu::dispatch_dtype;
 
 template <bool kAmsgrad, bool kMaster, int kDepth>
 void adam_lists(const PointerLists<kDepth>& lists, const AdamArgs& args) {
