@@ -33,7 +33,10 @@ ScaledLoss::~ScaledLoss() noexcept(false) {
   if (!active_ || !state_) return;
   // Leaving the scope because of an exception: the gradients may be half-written; leave them alone rather than
   // throw a second exception from here.
-  if (std::uncaught_exceptions() > uncaught_at_start_) return;
+  if (std::uncaught_exceptions() > uncaught_at_start_) {
+    state_->abandon_loss();
+    return;
+  }
   state_->end_loss(loss_id_, delay_unscale_);
 }
 

@@ -25,6 +25,7 @@
 
 #include <amp/options.h>
 #include <amp/state.h>
+#include <ddp/distributed_data_parallel.h>
 
 namespace amp {
 
@@ -80,6 +81,15 @@ class Optimizer {
   at::Tensor step() { return state_->step(); }
   /// Clears model and master gradients (set to undefined, as set_to_none=True).
   void zero_grad() { state_->zero_grad(); }
+  /// Data parallel training: `ddp` (which must wrap the module amp::initialize prepared) hands each bucket to amp
+  /// as soon as its allreduce completes, and amp unscales and checks it in one fused pass per bucket on DDP's
+  /// communication stream, straight into the gradients the optimizer reads (fp32 masters under O2). Gradients are
+  /// reduced while still scaled, so an inf or NaN on any rank reaches every rank through the sum: every rank sets
+  /// the same found_inf with no extra collective and skips the same step. Without attach() the same results come
+  /// from a second pass over all gradients when the scale_loss scope ends. The last attach() wins; `ddp` may be
+  /// destroyed first. Backward passes outside a scale_loss scope, or with delay_unscale=true, get DDP's plain
+  /// average.
+  void attach(ddp::DistributedDataParallel& ddp) { state_->attach(ddp); }
   torch::optim::Optimizer& inner() { return state_->optimizer(); }
   /// The loss scaler of `loss_id` (scale, diagnostics, device tensors).
   LossScaler& scaler(int64_t loss_id = 0) { return state_->scaler(loss_id); }

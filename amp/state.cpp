@@ -13,6 +13,7 @@
 
 #include <amp/fused_optimizer.h>
 #include <amp/model_cast.h>
+#include <ddp/distributed_data_parallel.h>
 #include <kernels/scaled_copy.h>
 #include <kernels/unscale.h>
 
@@ -142,7 +143,6 @@ LossScaler& State::scaler(int64_t loss_id) {
 
 at::Tensor State::begin_loss(const at::Tensor& loss, int64_t loss_id, bool delay_unscale) {
   LossScaler& s = scaler(loss_id);
-  (void)delay_unscale;
   if (grads_scaled_) {
     TORCH_CHECK(loss_id == scaled_loss_id_, "scale_loss with loss_id ", loss_id, " while gradients still carry loss ",
                 scaled_loss_id_, "'s scale (delay_unscale=true): finish that loss with delay_unscale=false first");
@@ -161,25 +161,31 @@ at::Tensor State::begin_loss(const at::Tensor& loss, int64_t loss_id, bool delay
         }
       }
     }
+    // A new unscale cycle: the overflow flag starts clear here, before backward, because with a data parallel
+    // wrapper attached the buckets are unscaled and checked during backward (consume_bucket).
+    s.begin_step();
+    unscaled_by_bucket_.assign(slots_.size(), 0);
   }
+  active_loss_id_ = loss_id;
+  active_delay_unscale_ = delay_unscale;
   return s.scale_loss(loss);
 }
 
 void State::end_loss(int64_t loss_id, bool delay_unscale) {
+  active_loss_id_ = -1;
   if (delay_unscale) {
     grads_scaled_ = true;
     scaled_loss_id_ = loss_id;
     return;
   }
   LossScaler& s = scaler(loss_id);
-  s.begin_step();
   // Two fused calls: masterless gradients are unscaled in place; half gradients are unscaled in fp32 straight
   // into their masters' gradients. Both record slot indices, so a recorded index names a parameter.
   std::vector<at::Tensor> direct, model_grads, master_targets, scratch_of;
   std::vector<int64_t> direct_index, master_index;
   for (size_t i = 0; i < slots_.size(); ++i) {
     auto& slot = slots_[i];
-    if (!slot.model.grad().defined()) continue;
+    if (!slot.model.grad().defined() || (i < unscaled_by_bucket_.size() && unscaled_by_bucket_[i] != 0)) continue;
     if (!slot.has_master) {
       direct.push_back(slot.model.grad());
       direct_index.push_back(static_cast<int64_t>(i));
@@ -221,6 +227,69 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
   step_found_inf_.add_(s.found_inf());
   grads_scaled_ = false;
   unscaled_this_step_ = true;
+}
+
+void State::attach(ddp::DistributedDataParallel& ddp) {
+  TORCH_CHECK(ddp.module().get() == module_,
+              "amp: attach() got a DistributedDataParallel that wraps a different module than the one "
+              "amp::initialize prepared; wrap the initialized module itself");
+  slot_of_.clear();
+  for (size_t i = 0; i < slots_.size(); ++i) slot_of_[slots_[i].model.unsafeGetTensorImpl()] = static_cast<int64_t>(i);
+  ddp.set_bucket_consumer([weak = weak_from_this()](const ddp::ReducedBucket& bucket) {
+    const std::shared_ptr<State> state = weak.lock();
+    return state != nullptr && state->consume_bucket(bucket);
+  });
+}
+
+bool State::consume_bucket(const ddp::ReducedBucket& bucket) {
+  // Outside a scale_loss scope, or accumulating scaled gradients (delay_unscale): a plain average.
+  if (active_loss_id_ < 0 || active_delay_unscale_) return false;
+  LossScaler& s = scaler(active_loss_id_);
+  // One fused pass per bucket: the reduced sum times (average_scale * inv_scale), checked, written to the
+  // optimizer's gradient (in place for direct parameters, fp32 into the master's for half ones).
+  std::vector<at::Tensor> src, dst, scratch, plain_src, plain_dst;
+  std::vector<int64_t> index, scratch_slot, master_slot;
+  int64_t offset = 0;
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const at::Tensor& grad = bucket.grads[k];
+    at::Tensor reduced = bucket.buffer.narrow(0, offset, grad.numel());
+    offset += grad.numel();
+    const auto it = slot_of_.find(bucket.params[k].unsafeGetTensorImpl());
+    if (it == slot_of_.end()) {  // a parameter the optimizer does not update: the average, as DDP would write it
+      plain_src.push_back(reduced);
+      plain_dst.push_back(grad);
+      continue;
+    }
+    const int64_t i = it->second;
+    ParamSlot& slot = slots_[i];
+    src.push_back(reduced);
+    index.push_back(i);
+    unscaled_by_bucket_[i] = 1;
+    if (!slot.has_master) {
+      dst.push_back(grad);
+      continue;
+    }
+    master_slot.push_back(i);
+    at::Tensor& master_grad = slot.master.mutable_grad();
+    if (master_grad.defined()) {  // an earlier loss of this step: add this loss's share
+      scratch.push_back(at::empty_like(master_grad));
+      scratch_slot.push_back(i);
+      dst.push_back(scratch.back());
+    } else {
+      master_grad = at::empty_like(slot.master, at::MemoryFormat::Contiguous);
+      // Allocated on DDP's communication stream, used and freed on the caller's.
+      if (bucket.caller_stream) master_grad.record_stream(*bucket.caller_stream);
+      dst.push_back(master_grad);
+    }
+  }
+  if (!src.empty()) {
+    const at::Tensor scale = s.inv_scale() * bucket.average_scale;
+    kernels::scaled_copy_(src, dst, scale, s.found_inf(), s.first_nonfinite_index(), index);
+  }
+  for (size_t k = 0; k < scratch.size(); ++k) slots_[scratch_slot[k]].master.mutable_grad().add_(scratch[k]);
+  for (const int64_t i : master_slot) slots_[i].model.mutable_grad() = at::Tensor();  // folded into the master's
+  if (!plain_src.empty()) kernels::scaled_copy_(plain_src, plain_dst, bucket.average_scale);
+  return true;
 }
 
 std::string State::param_name(int64_t index) const {

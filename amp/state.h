@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -15,6 +16,11 @@
 #include <amp/forward_policy.h>
 #include <amp/loss_scaler.h>
 #include <amp/options.h>
+
+namespace ddp {
+class DistributedDataParallel;
+struct ReducedBucket;
+}  // namespace ddp
 
 namespace amp {
 
@@ -31,7 +37,7 @@ struct ParamSlot {
   bool has_master = false;
 };
 
-class State {
+class State : public std::enable_shared_from_this<State> {
  public:
   State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const Options& options);
   ~State();
@@ -50,6 +56,14 @@ class State {
   // The scale_loss protocol (see ScaledLoss).
   at::Tensor begin_loss(const at::Tensor& loss, int64_t loss_id, bool delay_unscale);
   void end_loss(int64_t loss_id, bool delay_unscale);
+  /// A scale_loss scope left by an exception: no loss is active any more (nothing is unscaled).
+  void abandon_loss() { active_loss_id_ = -1; }
+
+  // Data parallel training (see amp::Optimizer::attach).
+  void attach(ddp::DistributedDataParallel& ddp);
+  /// Unscales and checks one reduced bucket into the optimizer's gradients; false when no loss that unscales is
+  /// being backpropagated (DDP then writes the average back as usual).
+  bool consume_bucket(const ddp::ReducedBucket& bucket);
 
   // The step protocol (see amp::Optimizer).
   at::Tensor step();
@@ -92,6 +106,10 @@ class State {
   bool grads_scaled_ = false;    // a delay_unscale backward left scaled gradients behind
   int64_t scaled_loss_id_ = -1;  // the loss whose scale those gradients carry
   bool unscaled_this_step_ = false;
+  int64_t active_loss_id_ = -1;           // the loss of the scale_loss scope being backpropagated, -1 outside one
+  bool active_delay_unscale_ = false;     // that scope's delay_unscale
+  std::vector<char> unscaled_by_bucket_;  // per slot: this loss's gradient was already unscaled by consume_bucket
+  std::unordered_map<const c10::TensorImpl*, int64_t> slot_of_;  // model tensor -> slot, for consume_bucket
   int64_t steps_ = 0;
   std::vector<int64_t> last_logged_step_;
   std::vector<int64_t> overflows_since_log_;

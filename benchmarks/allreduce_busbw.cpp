@@ -1,8 +1,10 @@
 // Questions: (1) what bus bandwidth does a Gloo allreduce reach against the bucket size, on 2 local ranks
 // (busbw = bytes / time * 2(n-1)/n, the nccl-tests convention)? (2) how long is a DDP training step with the
 // buckets' allreduce overlapped with backward, against the same step with all reduction after backward (Apex's
-// delay_allreduce), and against the same step without any communication (DDP's overhead per sample)?
-// Both parts run 2 ranks forked by ddp::spawn in one run; rank 0 prints the tables.
+// delay_allreduce), and against the same step without any communication (DDP's overhead per sample)? (3) under
+// amp (O2, bf16 model, fp32 masters), what does unscaling each reduced bucket as it arrives (optimizer.attach)
+// save against DDP's write-back plus amp's pass over all gradients at the end of the scale_loss scope?
+// All parts run 2 ranks forked by ddp::spawn in one run; rank 0 prints the tables.
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -12,6 +14,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <amp/amp.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
 #include <ddp/spawn.h>
@@ -69,6 +72,12 @@ struct Net : torch::nn::Module {
   }
   torch::nn::ModuleList layers;
 };
+
+/// The same network as a ModuleHolder, for amp::initialize.
+struct MlpImpl : Net {
+  using Net::Net;
+};
+TORCH_MODULE(Mlp);
 
 void step_table(const ddp::ProcessGroup& pg, bool full, int rounds) {
   const int64_t width = full ? 2048 : 1024;
@@ -142,6 +151,64 @@ void step_table(const ddp::ProcessGroup& pg, bool full, int rounds) {
              bench::median(variants[2].seconds) / bench::median(variants[1].seconds), kSmallCapMb);
 }
 
+void amp_table(const ddp::ProcessGroup& pg, bool full, int rounds) {
+  const int64_t width = full ? 2048 : 1024;
+  const int depth = 8;
+  const int64_t batch = 64;
+  struct Variant {
+    std::string name;
+    Mlp net{nullptr};
+    std::unique_ptr<torch::optim::SGD> sgd;
+    std::unique_ptr<amp::Initialized<Mlp>> amp;
+    std::unique_ptr<ddp::DistributedDataParallel> ddp;
+    std::vector<double> seconds;
+  };
+  std::vector<Variant> variants(2);
+  variants[0].name = "amp O2 + DDP, unscale after backward (scope end)";
+  variants[1].name = "amp O2 + DDP, unscale per reduced bucket (attach)";
+  for (size_t i = 0; i < variants.size(); ++i) {
+    Variant& v = variants[i];
+    torch::manual_seed(0);
+    v.net = Mlp(width, depth);
+    v.sgd = std::make_unique<torch::optim::SGD>(v.net->parameters(), torch::optim::SGDOptions(1e-3));
+    v.amp = std::make_unique<amp::Initialized<Mlp>>(
+        amp::initialize(v.net, *v.sgd, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16)));
+    v.ddp = std::make_unique<ddp::DistributedDataParallel>(
+        v.net, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(kSmallCapMb));
+    if (i == 1) v.amp->optimizer.attach(*v.ddp);
+  }
+  const auto x = torch::randn({batch, width});
+  const auto y = torch::randn({batch, width});
+  auto step = [&](Variant& v) {
+    v.amp->optimizer.zero_grad();
+    auto out = v.amp->model.call([&](const torch::Tensor& in) { return v.ddp->forward(in); }, x);
+    {
+      auto scaled = amp::scale_loss(torch::mse_loss(out, y), v.amp->optimizer);
+      scaled.backward();
+    }
+    v.amp->optimizer.step();
+  };
+  for (auto& v : variants) step(v);  // warm-up (and the bucket rebuild)
+  for (int r = 0; r < rounds; ++r) {
+    for (auto& v : variants) {
+      pg.barrier();
+      const auto start = Clock::now();
+      step(v);
+      v.seconds.push_back(seconds_since(start));
+    }
+  }
+  if (pg.rank() != 0) return;
+  fmt::print(
+      "\namp O2 (bf16 model, fp32 masters, SGD) + DDP ({} MB buckets), same MLP, batch {} per rank, median of {} "
+      "rounds\n| variant | step ms | us per sample |\n|---|---|---|\n",
+      kSmallCapMb, batch, rounds);
+  for (const auto& v : variants) {
+    const double s = bench::median(v.seconds);
+    fmt::print("| {} | {:.1f} | {:.1f} |\n", v.name, s * 1e3, s * 1e6 / batch);
+  }
+  fmt::print("scope end / attach: {:.2f}x\n", bench::median(variants[0].seconds) / bench::median(variants[1].seconds));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,6 +225,7 @@ int main(int argc, char** argv) {
     const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));
     allreduce_table(pg, full, rounds);
     step_table(pg, full, rounds);
+    amp_table(pg, full, rounds);
   });
   return 0;
 }

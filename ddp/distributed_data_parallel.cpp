@@ -8,7 +8,10 @@
 #include <tuple>
 
 #include <ATen/Functions.h>
+#include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/engine.h>
@@ -89,8 +92,8 @@ std::vector<std::string> describe(const torch::nn::Module& module, const Distrib
   lines.push_back(c10::str("option bucket_cap_mb=", o.bucket_cap_mb(), " first_bucket_mb=", o.first_bucket_mb(),
                            " allreduce_dtype=", o.allreduce_dtype() ? c10::toString(*o.allreduce_dtype()) : "grad",
                            " broadcast_buffers=", o.broadcast_buffers(), " delay_allreduce=", o.delay_allreduce(),
-                           " find_unused_parameters=", o.find_unused_parameters(),
-                           " gradient_predivide_factor=", o.gradient_predivide_factor()));
+                           " find_unused_parameters=", o.find_unused_parameters(), " rebuild_buckets=",
+                           o.rebuild_buckets(), " gradient_predivide_factor=", o.gradient_predivide_factor()));
   return lines;
 }
 
@@ -161,8 +164,15 @@ class DistributedDataParallel::Impl {
     for (const auto& p : module_->named_parameters(/*recurse=*/true)) {
       if (p.value().requires_grad()) params_.push_back({p.value(), p.key(), -1, false});
     }
-    build_buckets();
+    std::vector<int64_t> reverse_registration(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) reverse_registration[i] = static_cast<int64_t>(params_.size() - 1 - i);
+    build_buckets(reverse_registration);
     register_hooks();
+    if (!params_.empty() && params_.front().tensor.is_cuda()) {
+      const c10::Device device = params_.front().tensor.device();
+      comm_stream_ =
+          c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device, /*isHighPriority=*/true);
+    }
   }
 
   ~Impl() {
@@ -173,6 +183,7 @@ class DistributedDataParallel::Impl {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (in_backward_) reset_iteration();  // the previous backward threw before its end-of-backward callback
+      if (options_.rebuild_buckets() && !rebuilt_) maybe_rebuild_buckets();
     }
     if (options_.broadcast_buffers()) broadcast_from_root(pg_, module_->buffers(/*recurse=*/true));
   }
@@ -200,6 +211,7 @@ class DistributedDataParallel::Impl {
   ProcessGroup pg_;
   Options options_;
   std::function<void(const ReducedBucket&)> bucket_reduced_hook_;
+  std::function<bool(const ReducedBucket&)> bucket_consumer_;
   BackwardTimeline timeline_;
 
  private:
@@ -216,10 +228,11 @@ class DistributedDataParallel::Impl {
     c10::intrusive_ptr<c10d::Work> work;
   };
 
-  /// Buckets of one dtype and device each, filled in reverse registration order (the order in which backward
-  /// tends to produce gradients): the first bucket of each kind is capped at first_bucket_mb, the others at
-  /// bucket_cap_mb, and a bucket closes once it reaches its cap.
-  void build_buckets() {
+  /// Buckets of one dtype and device each, filled in `order` (a permutation of the parameter indices: the order in
+  /// which backward is expected to produce gradients): the first bucket of each kind is capped at first_bucket_mb,
+  /// the others at bucket_cap_mb, and a bucket closes once it reaches its cap.
+  void build_buckets(const std::vector<int64_t>& order) {
+    buckets_.clear();
     struct Open {
       std::vector<int64_t> params;
       int64_t bytes = 0;
@@ -229,7 +242,7 @@ class DistributedDataParallel::Impl {
     std::map<std::tuple<c10::ScalarType, c10::DeviceType, c10::DeviceIndex>, Open> open;
     std::vector<std::pair<size_t, std::vector<int64_t>>> done;  // (opening order, params)
     size_t opened = 0;
-    for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+    for (const int64_t i : order) {
       const at::Tensor& t = params_[i].tensor;
       const c10::ScalarType wire = options_.allreduce_dtype().value_or(t.scalar_type());
       Open& o = open[{t.scalar_type(), t.device().type(), t.device().index()}];
@@ -261,7 +274,35 @@ class DistributedDataParallel::Impl {
       b.pending = static_cast<int64_t>(b.params.size());
       buckets_.push_back(std::move(b));
     }
-    timeline_.bucket_issued.resize(buckets_.size());
+    timeline_.bucket_issued.assign(buckets_.size(), BackwardTimeline::TimePoint{});
+  }
+
+  /// Before a forward, until the buckets were rebuilt: when rank 0 has seen a complete synchronized backward pass,
+  /// every rank rebuilds its buckets in rank 0's observed gradient order. Collective (one broadcast of the flag and
+  /// the order) on every rank alike, whatever each rank observed, so the ranks never disagree on the layout.
+  void maybe_rebuild_buckets() {
+    const auto n = static_cast<int64_t>(params_.size());
+    at::Tensor message = at::zeros({n + 1}, at::kLong);  // [has an order, order...]
+    if (pg_.rank() == kRoot && static_cast<int64_t>(observed_order_.size()) == n) {
+      message[0] = 1;
+      std::memcpy(message.data_ptr<int64_t>() + 1, observed_order_.data(), sizeof(int64_t) * static_cast<size_t>(n));
+    }
+    if (pg_.size() > 1) {
+      at::Tensor on_device = message.to(pg_.device());
+      pg_.broadcast_(on_device, kRoot);
+      message = on_device.cpu();  // a host sync, but only in the first iterations
+    }
+    if (message[0].item<int64_t>() == 0) return;
+    std::vector<int64_t> order(message.data_ptr<int64_t>() + 1, message.data_ptr<int64_t>() + 1 + n);
+    std::vector<bool> seen(params_.size(), false);
+    for (const int64_t i : order) {
+      TORCH_CHECK(i >= 0 && i < n && !seen[i], "DistributedDataParallel: rank ", pg_.rank(),
+                  " received a corrupt gradient order from rank 0 (index ", i, " of ", n, " parameters)");
+      seen[i] = true;
+    }
+    build_buckets(order);
+    rebuilt_ = true;
+    observed_order_.clear();
   }
 
   void register_hooks() {
@@ -296,6 +337,7 @@ class DistributedDataParallel::Impl {
                 " received its gradient twice in one backward pass (reentrant backward or a shared leaf); this is "
                 "not supported");
     p.ready = true;
+    if (!rebuilt_) ready_order_.push_back(index);
     --buckets_[p.bucket].pending;
     if (!options_.delay_allreduce()) launch_ready_buckets();
   }
@@ -310,12 +352,8 @@ class DistributedDataParallel::Impl {
     Bucket& b = buckets_[index];
     std::vector<at::Tensor> grads;
     grads.reserve(b.params.size());
-    for (int64_t pi : b.params) {
-      const at::Tensor& param = params_[pi].tensor;
-      const at::Tensor& grad = param.grad();
-      // Only with find_unused_parameters: a parameter without any gradient contributes zeros.
-      grads.push_back(grad.defined() ? grad : at::zeros_like(param));
-    }
+    // Every gradient is defined by now: finish_backward gives unused parameters zeros before launching late buckets.
+    for (int64_t pi : b.params) grads.push_back(params_[pi].tensor.grad());
     detail::copy_into_bucket(b.buffer, grads, 1.0 / options_.gradient_predivide_factor());
     b.work = pg_.allreduce_sum_async(b.buffer);
     timeline_.bucket_issued[index] = Clock::now();
@@ -348,26 +386,57 @@ class DistributedDataParallel::Impl {
                   "DistributedDataParallel with find_unused_parameters(true).");
       for (Bucket& b : buckets_) b.pending = 0;
     }
+    if (!rebuilt_) {
+      // The order this pass produced gradients in; unused parameters last, in reverse registration order.
+      observed_order_ = ready_order_;
+      for (auto i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+        if (!params_[i].ready) observed_order_.push_back(i);
+      }
+    }
+    // Unused parameters get zero gradients here, on the caller's stream, before anything is read or written on
+    // the communication stream.
+    for (Param& p : params_) {
+      if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+    }
     launch_ready_buckets();
+
+    // CUDA: waits for the allreduces and writes back on the communication stream; the caller's stream waits for
+    // that at the end (also when a wait throws), so nothing here blocks the host.
+    std::optional<c10::Stream> caller_stream;
+    std::optional<c10::StreamGuard> on_comm_stream;
+    if (comm_stream_) {
+      caller_stream = c10::impl::VirtualGuardImpl(comm_stream_->device_type()).getStream(comm_stream_->device());
+      on_comm_stream.emplace(*comm_stream_);
+    }
+    struct JoinCallerStream {
+      const std::optional<c10::Stream>& comm;
+      const std::optional<c10::Stream>& caller;
+      ~JoinCallerStream() {
+        if (!comm) return;
+        c10::Event done(comm->device_type());
+        done.record(*comm);
+        done.block(*caller);
+      }
+    } join{comm_stream_, caller_stream};
 
     const double average_scale = options_.gradient_predivide_factor() / static_cast<double>(pg_.size());
     for (size_t i = 0; i < buckets_.size(); ++i) {
       Bucket& b = buckets_[i];
       pg_.wait(b.work, bucket_name(i));
-      std::vector<at::Tensor> grads;
-      grads.reserve(b.params.size());
+      ReducedBucket reduced{static_cast<int64_t>(i), b.buffer, {}, {}, average_scale, caller_stream};
       for (int64_t pi : b.params) {
-        at::Tensor& param = params_[pi].tensor;
-        if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
-        grads.push_back(param.grad());
+        reduced.params.push_back(params_[pi].tensor);
+        reduced.grads.push_back(params_[pi].tensor.grad());
       }
-      detail::copy_from_bucket(b.buffer, grads, average_scale);
-      if (bucket_reduced_hook_) bucket_reduced_hook_(ReducedBucket{static_cast<int64_t>(i), b.buffer, grads});
+      const bool consumed = bucket_consumer_ && bucket_consumer_(reduced);
+      if (!consumed) detail::copy_from_bucket(b.buffer, reduced.grads, average_scale);
+      if (bucket_reduced_hook_) bucket_reduced_hook_(reduced);
     }
   }
 
   void reset_iteration() {
     for (Param& p : params_) p.ready = false;
+    ready_order_.clear();
     for (Bucket& b : buckets_) {
       b.pending = static_cast<int64_t>(b.params.size());
       b.work.reset();
@@ -383,6 +452,10 @@ class DistributedDataParallel::Impl {
   size_t next_bucket_ = 0;
   bool in_backward_ = false;
   bool sync_enabled_ = true;
+  std::vector<int64_t> ready_order_;     // parameters in the order this backward pass produced their gradients
+  std::vector<int64_t> observed_order_;  // the order of the last complete synchronized pass, until rebuilt
+  bool rebuilt_ = false;
+  std::optional<c10::Stream> comm_stream_;  // CUDA only
 };
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
@@ -404,6 +477,10 @@ DistributedDataParallel::NoSyncGuard::~NoSyncGuard() { ddp_.impl_->set_sync(true
 
 void DistributedDataParallel::set_bucket_reduced_hook(std::function<void(const ReducedBucket&)> hook) {
   impl_->bucket_reduced_hook_ = std::move(hook);
+}
+
+void DistributedDataParallel::set_bucket_consumer(std::function<bool(const ReducedBucket&)> consumer) {
+  impl_->bucket_consumer_ = std::move(consumer);
 }
 
 const std::shared_ptr<torch::nn::Module>& DistributedDataParallel::module() const { return impl_->module_; }

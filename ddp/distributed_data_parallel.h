@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 #include <torch/arg.h>
 #include <torch/detail/static.h>
 #include <torch/nn/module.h>
@@ -41,6 +42,10 @@ struct DistributedDataParallelOptions {
   /// dtype of the buckets on the wire: the gradients' own (nullopt), kFloat (reduce fp16/bf16 gradients in
   /// fp32), or kBFloat16 / kHalf (compress fp32 gradients to half the bytes).
   TORCH_ARG(std::optional<c10::ScalarType>, allreduce_dtype) = std::nullopt;
+  /// Rebuild the buckets once, at the first forward() after a synchronized backward pass, from the order in which
+  /// that pass produced the gradients (rank 0's order, broadcast, so every rank builds the same layout): buckets
+  /// then fill in the order backward really fills them, even when registration order is not use order. Same caps.
+  TORCH_ARG(bool, rebuild_buckets) = true;
 };
 
 /// One bucket's layout, for inspection.
@@ -60,14 +65,23 @@ struct BackwardTimeline {
   std::vector<TimePoint> bucket_issued;  // per bucket: its allreduce was started
 };
 
-/// What the bucket-reduced hook sees; see DistributedDataParallel::set_bucket_reduced_hook.
+/// What the bucket hooks see; see DistributedDataParallel::set_bucket_reduced_hook and set_bucket_consumer.
 struct ReducedBucket {
   int64_t index = 0;
   /// The flat bucket after the allreduce: the sum over ranks of gradient / gradient_predivide_factor, in the
-  /// allreduce dtype.
+  /// allreduce dtype; grads[i] occupies the next grads[i].numel() elements (no padding), in bucket order.
   at::Tensor buffer;
-  /// The bucket's parameters' .grad tensors, already holding the average over ranks.
+  /// The bucket's parameters, in bucket order.
+  std::vector<at::Tensor> params;
+  /// Their .grad tensors (always defined). After the write-back (the reduced hook) they hold the average over
+  /// ranks; a consumer sees them before it, holding this rank's local gradients.
   std::vector<at::Tensor> grads;
+  /// The factor that turns buffer into the average: gradient_predivide_factor / world_size.
+  double average_scale = 1.0;
+  /// CUDA: the stream that was current when backward finished, which the caller's later work (the optimizer) runs
+  /// on. The hooks themselves run on DDP's communication stream; a tensor a hook allocates and hands to the
+  /// caller must be marked with tensor.record_stream(*caller_stream). nullopt on the CPU.
+  std::optional<c10::Stream> caller_stream;
 };
 
 /// Data-parallel training of one module replicated in every process of `process_group` (one device per
@@ -82,7 +96,9 @@ struct ReducedBucket {
 ///
 /// The module must not change its parameters (device, dtype, set) after construction. While the object lives,
 /// every backward through the module's parameters synchronizes, except inside no_sync(). Not copyable; movable.
-/// Bucket layout is fixed at construction (reverse parameter order); it is not rebuilt from the observed order.
+/// Buckets start in reverse parameter order and are rebuilt once from the observed gradient order (see
+/// rebuild_buckets). On CUDA the averaged gradients are written back on a communication stream of DDP's own, which
+/// the caller's stream waits for (without blocking the host) before backward returns.
 class DistributedDataParallel {
  public:
   using Options = DistributedDataParallelOptions;
@@ -118,9 +134,10 @@ class DistributedDataParallel {
     return any_module_.forward<ReturnType>(std::forward<Args>(args)...);
   }
 
-  /// What forward() does before calling the module: broadcasts buffers from rank 0 when broadcast_buffers is
-  /// set, and discards the state of a backward pass that did not finish (it threw). Collective: call it on every
-  /// rank, or on none. Blocks the host until the broadcast is done (Gloo).
+  /// What forward() does before calling the module: until the buckets were rebuilt (rebuild_buckets), agrees on
+  /// and applies rank 0's observed gradient order; broadcasts buffers from rank 0 when broadcast_buffers is set;
+  /// and discards the state of a backward pass that did not finish (it threw). Collective: call it on every
+  /// rank, or on none. Blocks the host until the broadcasts are done.
   void before_forward();
 
   /// RAII scope in which backward passes accumulate gradients locally, without communication (gradient
@@ -137,10 +154,19 @@ class DistributedDataParallel {
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
-  /// The hook point for work on reduced gradients (amp's fused unscale and overflow check): `hook` runs once
-  /// per bucket, in bucket order, on the thread that finishes backward, after the bucket's allreduce completed
-  /// and its averaged gradients were written back. An empty function removes the hook.
+  /// An observer of reduced gradients: `hook` runs once per bucket, in bucket order, on the thread that finishes
+  /// backward, after the bucket's allreduce completed and its averaged gradients were written back (CUDA: on the
+  /// communication stream). An empty function removes the hook.
   void set_bucket_reduced_hook(std::function<void(const ReducedBucket&)> hook);
+
+  /// Takes over the write-back of reduced gradients (amp's fused unscale and overflow check, see
+  /// amp::Optimizer::attach): `consumer` runs once per bucket, in bucket order, as soon as that bucket's allreduce
+  /// completed, on the thread that finishes backward (CUDA: on the communication stream, ordered after the
+  /// allreduce; the caller's stream waits for it before backward returns). It returns true when it consumed the
+  /// bucket (then DDP does not write the average into .grad: the consumer wrote what it wants wherever it wants,
+  /// e.g. unscaled into fp32 master gradients), false to let DDP write back as usual. Runs before the reduced
+  /// hook. An empty function removes the consumer.
+  void set_bucket_consumer(std::function<bool(const ReducedBucket&)> consumer);
 
   const std::shared_ptr<torch::nn::Module>& module() const;
   const ProcessGroup& process_group() const;

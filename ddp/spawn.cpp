@@ -9,6 +9,7 @@
 #include <iostream>
 #include <string>
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <ddp/worker_group.h>
@@ -44,6 +45,13 @@ void write_all(int fd, const std::string& text) {
   set_env("LOCAL_RANK", std::to_string(local_rank));
   set_env("LOCAL_WORLD_SIZE", std::to_string(nprocs));
   set_env("GROUP_RANK", "0");
+  // Like torchrun: each worker runs CPU ops on one thread unless OMP_NUM_THREADS says otherwise. One thread also
+  // keeps the child clear of the parent's OpenMP thread pool, which does not survive fork (GNU libgomp): a child
+  // opening a multi-threaded region with it would hang.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    set_env("OMP_NUM_THREADS", "1");
+    at::set_num_threads(1);
+  }
   int code = 0;
   try {
     fn(local_rank, nprocs);

@@ -24,6 +24,10 @@ struct SpawnOptions {
 /// signal kills it; then the parent stops the others and throws a c10::Error naming the rank, its pid and how
 /// it ended. Workers die with the parent (PR_SET_PDEATHSIG).
 ///
+/// Like torchrun, workers run CPU ops on one thread (OMP_NUM_THREADS=1) unless OMP_NUM_THREADS is set; set it
+/// only if the parent has not run multi-threaded CPU ops before spawn (GNU OpenMP's thread pool does not survive
+/// fork, and a child using it hangs).
+///
 /// Fork before CUDA: the parent must not have initialized CUDA (a forked child cannot use it). fn runs in a
 /// copy of the parent; results must come back through files or the process group, not memory. fn should report
 /// failure by throwing: GoogleTest assertions inside fn do not reach the parent's test.

@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
     auto& optimizer = initialized.optimizer;
     if (!flags.resume.empty()) amp::load_checkpoint(flags.resume, model, optimizer);  // model + optimizer + amp
     ddp::DistributedDataParallel ddp(net, group);
+    optimizer.attach(ddp);  // each bucket is unscaled and checked as soon as its allreduce completes
     if (rank.rank == 0) {
       fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}\n", rank.world_size, group.backend_name(),
                  device.str(), amp_flags.opt_level, c10::toString(half_dtype(amp_flags.dtype, device)),
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
             auto l = torch::cross_entropy_loss(out, labels);
             {
               auto scaled = amp::scale_loss(l, optimizer);
-              scaled.backward();  // DDP averages the scaled gradients; amp unscales and checks them
+              scaled.backward();  // DDP averages the scaled gradients; amp unscales and checks each bucket
             }
             optimizer.step();  // skipped on the device when a gradient overflowed
             return l;

@@ -1,13 +1,15 @@
-// The tutorial's first way: one process, the model replicated over all visible GPUs each step
-// (torch::nn::parallel::data_parallel, PyTorch's nn.DataParallel): the batch is split across the GPUs and the
-// outputs gathered on --output-device.
-//   ./data_parallel --synthetic --output-device 0
-// Without GPUs it says so and trains on the CPU.
+// The tutorial's first way: one process, the model replicated over all visible GPUs each step (ddp::DataParallel,
+// PyTorch's nn.DataParallel): the batch is split across the GPUs and the outputs gathered on --output-device.
+// --opt-level adds mixed precision (amp::initialize before wrapping; the forward goes through the amp policy).
+//   ./data_parallel --synthetic --output-device 0 --opt-level O2
+// Without GPUs it replicates over --cpu-replicas CPU threads instead (the same code path, for trying it out).
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include <amp/amp.h>
+#include <ddp/data_parallel.h>
 #include <fmt/format.h>
-#include <torch/nn/parallel/data_parallel.h>
 
 #include "common/small_cnn.h"
 #include "common/training.h"
@@ -15,51 +17,77 @@
 int main(int argc, char** argv) {
   examples::CommonFlags flags;
   int output_device = 0;
+  int cpu_replicas = 2;
+  std::string opt_level = "none";
   CLI::App app{"Single-process data parallel training on Fashion-MNIST over all visible GPUs"};
   examples::add_common_flags(app, flags);
   app.add_option("--output-device", output_device, "GPU index that gathers the outputs")->check(CLI::NonNegativeNumber);
+  app.add_option("--cpu-replicas", cpu_replicas, "Replicas on the CPU when no GPU is used")->check(CLI::PositiveNumber);
+  app.add_option("--opt-level", opt_level, "none (fp32, the tutorial's way), or amp's O0, O1, O2, O3")
+      ->check(CLI::IsMember({"none", "O0", "O1", "O2", "O3"}));
   CLI11_PARSE(app, argc, argv);
 
   return examples::run_main("data_parallel", [&] {
     torch::manual_seed(flags.seed);
     const int gpus = flags.device == "cpu" ? 0 : static_cast<int>(torch::cuda::device_count());
-    std::vector<torch::Device> devices;
-    for (int i = 0; i < gpus; ++i) devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
     TORCH_CHECK(gpus == 0 || output_device < gpus, "--output-device ", output_device, " but only ", gpus,
                 " GPU(s) are visible");
-    // The master copy lives on the first GPU; data_parallel replicates it from there every step.
-    const torch::Device device = gpus > 0 ? devices.front() : torch::Device(torch::kCPU);
-    if (gpus == 0)
-      fmt::print("no GPU visible: training on the CPU without replication\n");
-    else
-      fmt::print("replicating over {} GPU(s), outputs gathered on cuda:{}\n", gpus, output_device);
+    std::vector<torch::Device> devices;
+    for (int i = 0; i < gpus; ++i) devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+    if (gpus == 0) devices.assign(static_cast<size_t>(cpu_replicas), torch::Device(torch::kCPU));
+    const torch::Device gather_on = gpus > 0 ? devices[static_cast<size_t>(output_device)] : devices.front();
+    // The module lives on the first device; DataParallel replicates it from there every step.
+    const torch::Device device = devices.front();
+    fmt::print("replicating over {} {}(s), outputs gathered on {}, {}\n", devices.size(),
+               gpus > 0 ? "GPU" : "CPU replica", gather_on.str(), opt_level == "none" ? "fp32" : "amp " + opt_level);
 
     const examples::Data data = examples::load_data(flags);
-    examples::SmallCnn model;
-    model->to(device);
-    torch::optim::SGD optimizer(model->parameters(),
-                                torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));
-    if (!flags.resume.empty()) examples::load_checkpoint(flags.resume, *model, optimizer);
+    examples::SmallCnn net;
+    net->to(device);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));
 
+    // amp, when asked: initialize first (it may cast the model), then wrap the initialized module.
+    std::optional<amp::Initialized<examples::SmallCnn>> mixed;
+    if (opt_level != "none") {
+      mixed.emplace(amp::initialize(net, sgd,
+                                    amp::Options()
+                                        .opt_level(amp::parse_opt_level(opt_level))
+                                        .half_dtype(device.is_cuda() ? at::kHalf : at::kBFloat16)));
+      if (!flags.resume.empty()) amp::load_checkpoint(flags.resume, mixed->model, mixed->optimizer);
+    } else if (!flags.resume.empty()) {
+      examples::load_checkpoint(flags.resume, *net, sgd);
+    }
+    ddp::DataParallel<examples::SmallCnnImpl> dp(net,
+                                                 ddp::DataParallelOptions().devices(devices).output_device(gather_on));
     auto forward = [&](const torch::Tensor& images) {
-      if (gpus == 0) return model->forward(images);
-      return torch::nn::parallel::data_parallel(
-          model.ptr(), images, devices, torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(output_device)));
+      if (mixed) return mixed->model.call([&](const torch::Tensor& in) { return dp.forward(in); }, images);
+      return dp.forward(images);
     };
+
     for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
       const double loss =
           examples::train_epoch(data.train, epoch, flags.epochs, flags.batch_size, device, examples::Rank{},
                                 [&](const torch::Tensor& images, const torch::Tensor& labels) {
-                                  optimizer.zero_grad();
                                   auto out = forward(images);
                                   auto l = torch::cross_entropy_loss(out, labels.to(out.device()));
-                                  l.backward();  // gradients of all replicas flow back into the master copy
-                                  optimizer.step();
+                                  if (mixed) {
+                                    mixed->optimizer.zero_grad();
+                                    {
+                                      auto scaled = amp::scale_loss(l, mixed->optimizer);
+                                      scaled.backward();  // replicas' gradients flow back into the module
+                                    }
+                                    mixed->optimizer.step();
+                                  } else {
+                                    sgd.zero_grad();
+                                    l.backward();  // gradients of all replicas flow back into the module
+                                    sgd.step();
+                                  }
                                   return l;
                                 });
       examples::print_epoch_result(epoch, flags.epochs, loss,
-                                   examples::test_accuracy(*model, forward, data.test, device));
+                                   examples::test_accuracy(*net, forward, data.test, device));
     }
-    if (!flags.save.empty()) examples::save_checkpoint(flags.save, *model, optimizer);
+    if (!flags.save.empty() && mixed) amp::save_checkpoint(flags.save, mixed->model, mixed->optimizer);
+    if (!flags.save.empty() && !mixed) examples::save_checkpoint(flags.save, *net, sgd);
   });
 }

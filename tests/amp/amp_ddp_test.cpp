@@ -1,6 +1,7 @@
 // amp and ddp together (the seed's Apex way): gradients are allreduced while still scaled, so an inf on one rank
 // reaches every rank through the sum, every rank raises the same found_inf without an extra collective, and
 // every rank skips the same step.
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,8 @@
 #include <ddp/spawn.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include "ddp/ddp_test_util.h"
 
 namespace {
 
@@ -36,9 +39,15 @@ double divergence_from_rank0(const ddp::ProcessGroup& group, const std::vector<t
   return total;
 }
 
-TEST(AmpDdpTest, InfOnOneRankMakesEveryRankSkipTheSameStep) {
+/// With attach: amp unscales each reduced bucket during backward; without: one pass at the end of the scope.
+class AmpDdpTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(BucketUnscale, AmpDdpTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Attached" : "AtScopeEnd"; });
+
+TEST_P(AmpDdpTest, InfOnOneRankMakesEveryRankSkipTheSameStep) {
   if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
-  ddp::spawn(2, [](int rank, int) {
+  const bool attach = GetParam();
+  ddp::spawn(2, [attach](int rank, int) {
     const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(20)));
     torch::manual_seed(1);  // the same initial weights everywhere (DDP also broadcasts them from rank 0)
     Net net;
@@ -46,6 +55,7 @@ TEST(AmpDdpTest, InfOnOneRankMakesEveryRankSkipTheSameStep) {
     auto [model, optimizer] = amp::initialize(
         net, sgd, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16).dynamic_loss_scale());
     ddp::DistributedDataParallel ddp_net(net, group);
+    if (attach) optimizer.attach(ddp_net);
     auto step = [&](torch::Tensor x) {
       optimizer.zero_grad();
       auto out = model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, x);
@@ -73,6 +83,126 @@ TEST(AmpDdpTest, InfOnOneRankMakesEveryRankSkipTheSameStep) {
     step(torch::randn({4, 8}, at::make_generator<at::CPUGeneratorImpl>(30 + rank)));
     TORCH_CHECK(divergence_from_rank0(group, net->parameters()) == 0.0, "rank ", rank,
                 ": ranks diverged after skipping");
+  });
+}
+
+/// One rank's training run of `steps` steps (the second one accumulating two backward passes with delay_unscale,
+/// the third one with two losses); returns the fp32 masters.
+std::vector<torch::Tensor> train(const ddp::ProcessGroup& group, int rank, bool attach, int steps,
+                                 const std::function<void(amp::Optimizer&)>& inside_scope = nullptr,
+                                 torch::Device device = torch::kCPU, c10::ScalarType half_dtype = torch::kBFloat16) {
+  torch::manual_seed(1);
+  Net net;
+  net->to(device);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto [model, optimizer] =
+      amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(half_dtype).num_losses(2));
+  ddp::DistributedDataParallel ddp_net(
+      net, group, ddp::DistributedDataParallelOptions().allreduce_dtype(torch::kFloat).first_bucket_mb(1e-4));
+  if (attach) optimizer.attach(ddp_net);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(100 + rank);
+  for (int s = 0; s < steps; ++s) {
+    optimizer.zero_grad();
+    const int passes = s == 1 ? 2 : 1;
+    for (int p = 0; p < passes; ++p) {
+      auto out = model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); },
+                            torch::randn({4, 8}, generator).to(device));
+      auto scaled = amp::scale_loss(out.pow(2).mean(), optimizer, 0, /*delay_unscale=*/p + 1 < passes);
+      scaled.backward();
+      if (inside_scope && p + 1 == passes) inside_scope(optimizer);
+    }
+    if (s == 2) {  // a second loss with its own scaler
+      auto out = model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); },
+                            torch::randn({4, 8}, generator).to(device));
+      auto scaled = amp::scale_loss(out.abs().mean(), optimizer, 1);
+      scaled.backward();
+    }
+    optimizer.step();
+  }
+  std::vector<torch::Tensor> masters;
+  for (const auto& g : optimizer.inner().param_groups()) {
+    for (const auto& p : g.params()) masters.push_back(p.detach().clone());
+  }
+  return masters;
+}
+
+TEST(AmpDdpAttachTest, BucketsAreUnscaledDuringBackwardIntoMastersAndTrainLikeTheEndOfScopePass) {
+  if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
+  ddp::spawn(2, [](int rank, int) {
+    at::set_num_threads(1);
+    const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(20)));
+    int checked = 0;
+    const auto attached = train(group, rank, true, 4, [&](amp::Optimizer& optimizer) {
+      // Still inside the scale_loss scope: the consumer already wrote unscaled fp32 master gradients and released
+      // the bf16 model gradients, bucket by bucket during backward.
+      for (const auto& slot : optimizer.state().slots()) {
+        TORCH_CHECK(slot.has_master && slot.master.grad().defined() && !slot.model.grad().defined(), "rank ", rank,
+                    ": ", slot.name, " was not consumed during backward");
+        TORCH_CHECK(slot.master.grad().abs().max().item<float>() < 100.0f, "rank ", rank, ": ", slot.name,
+                    "'s master gradient still carries the loss scale");
+      }
+      ++checked;
+    });
+    TORCH_CHECK(checked == 4, "the in-scope check ran ", checked, " times");
+    const auto at_scope_end = train(group, rank, false, 4);
+    // The attached path rounds once (fp32 sum times average * inv_scale), the other twice (bf16 average, then
+    // unscale): the same training up to bf16 rounding of the gradients.
+    TORCH_CHECK(attached.size() == at_scope_end.size(), "parameter counts differ");
+    for (size_t i = 0; i < attached.size(); ++i) {
+      TORCH_CHECK(torch::allclose(attached[i], at_scope_end[i], 2e-2, 2e-3), "rank ", rank, ": master ", i,
+                  " differs by ", (attached[i] - at_scope_end[i]).abs().max().item<double>());
+    }
+    // Both ranks hold the same masters.
+    for (const auto& m : attached) {
+      auto root = m.clone();
+      group.broadcast_(root, 0);
+      TORCH_CHECK(torch::equal(root, m), "rank ", rank, ": masters diverged across ranks");
+    }
+  });
+}
+
+TEST(AmpDdpAttachTest, OnTheGpuBucketsAreUnscaledOnTheCommunicationStreamLikeAtScopeEnd) {
+  if (!ddp::backend_available("nccl")) GTEST_SKIP() << "needs the NCCL backend (a CUDA build)";
+  ddp_test::ScratchDir dir;  // the parent must not initialize CUDA before forking: the child looks for the GPU
+  ddp::spawn(1, [&](int rank, int) {
+    if (!torch::cuda::is_available()) {
+      std::ofstream(dir.file("no_gpu")) << "none";
+      return;
+    }
+    const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().backend("nccl").cuda_device(0));
+    const torch::Device cuda(torch::kCUDA, 0);
+    int consumed = 0;
+    const auto attached = train(
+        group, rank, true, 4,
+        [&](amp::Optimizer& optimizer) {
+          for (const auto& slot : optimizer.state().slots()) consumed += slot.master.grad().defined() ? 1 : 0;
+        },
+        cuda, torch::kHalf);
+    TORCH_CHECK(consumed > 0, "no master gradient was written during backward");
+    const auto at_scope_end = train(group, rank, false, 4, nullptr, cuda, torch::kHalf);
+    for (size_t i = 0; i < attached.size(); ++i) {
+      TORCH_CHECK(torch::allclose(attached[i], at_scope_end[i], 1e-2, 1e-3), "master ", i, " differs by ",
+                  (attached[i] - at_scope_end[i]).abs().max().item<double>());
+    }
+  });
+  if (std::ifstream(dir.file("no_gpu")).good()) GTEST_SKIP() << "needs a CUDA GPU; none is present";
+}
+
+TEST(AmpDdpAttachTest, AttachingADdpOfAnotherModuleIsAnError) {
+  if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
+  ddp::spawn(1, [](int, int) {
+    const ddp::ProcessGroup group = ddp::init_process_group();
+    Net net, other;
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O1));
+    ddp::DistributedDataParallel wrong(other, group);
+    try {
+      optimizer.attach(wrong);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(std::string(e.what()).find("wraps a different module") != std::string::npos, e.what());
+      return;
+    }
+    TORCH_CHECK(false, "attach accepted a DDP of another module");
   });
 }
 

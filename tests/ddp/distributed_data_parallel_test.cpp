@@ -111,21 +111,25 @@ std::vector<ddp::DistributedDataParallelOptions> bucket_variants() {
           ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002).delay_allreduce(true)};
 }
 
-TEST(DistributedDataParallelTest, GradientsEqualSingleProcessFullBatchGradients) {
+TEST(DistributedDataParallelTest, GradientsEqualSingleProcessFullBatchGradientsWithTwoAndFourRanks) {
   LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
-  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
-    const Data data = make_data(seed + 100);
-    const auto expected = reference_grads(seed, data);
-    const Data mine = shard(data, rank, pg.size());
-    for (const auto& options : bucket_variants()) {
-      Mlp model = make_model(seed, rank);
-      ddp::DistributedDataParallel ddp(model, pg, options);
-      torch::mse_loss(ddp.forward(mine.x), mine.y).backward();
-      check_close(grads_of(*model), expected, 1e-5, 1e-6,
-                  c10::str("rank ", rank, ", ", ddp.buckets().size(), " buckets"));
-    }
-  });
+  for (const int world : {2, 4}) {
+    run_ranks(
+        [seed](int rank, const ddp::ProcessGroup& pg) {
+          const Data data = make_data(seed + 100);
+          const auto expected = reference_grads(seed, data);
+          const Data mine = shard(data, rank, pg.size());
+          for (const auto& options : bucket_variants()) {
+            Mlp model = make_model(seed, rank);
+            ddp::DistributedDataParallel ddp(model, pg, options);
+            torch::mse_loss(ddp.forward(mine.x), mine.y).backward();
+            check_close(grads_of(*model), expected, 1e-5, 1e-6,
+                        c10::str("rank ", rank, " of ", pg.size(), ", ", ddp.buckets().size(), " buckets"));
+          }
+        },
+        world);
+  }
 }
 
 TEST(DistributedDataParallelTest, ConstructionBroadcastsRankZerosParameters) {
@@ -139,30 +143,38 @@ TEST(DistributedDataParallelTest, ConstructionBroadcastsRankZerosParameters) {
   });
 }
 
-TEST(DistributedDataParallelTest, AfterTrainingStepsAllRanksAreBitIdentical) {
+TEST(DistributedDataParallelTest, AfterTrainingStepsAllRanksAreBitIdenticalWithTwoAndFourRanks) {
   LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
-  ddp_test::ScratchDir dir;
   constexpr int kSteps = 5;
-  run_ranks([&](int rank, const ddp::ProcessGroup& pg) {
-    Mlp model = make_model(seed, rank);
-    ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002));
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    for (int step = 0; step < kSteps; ++step) {
-      const Data d = make_data(seed + 1000 * static_cast<uint64_t>(rank + 1) + static_cast<uint64_t>(step), 8);
-      opt.zero_grad();
-      torch::mse_loss(ddp.forward(d.x), d.y).backward();
-      opt.step();
+  for (const int world : {2, 4}) {
+    ddp_test::ScratchDir dir;
+    run_ranks(
+        [&](int rank, const ddp::ProcessGroup& pg) {
+          Mlp model = make_model(seed, rank);
+          ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002));
+          torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+          for (int step = 0; step < kSteps; ++step) {
+            const Data d = make_data(seed + 1000 * static_cast<uint64_t>(rank + 1) + static_cast<uint64_t>(step), 8);
+            opt.zero_grad();
+            torch::mse_loss(ddp.forward(d.x), d.y).backward();
+            opt.step();
+          }
+          save(model->parameters(), dir.file("rank" + std::to_string(rank) + ".pt"));
+        },
+        world);
+    const auto r0 = load(dir.file("rank0.pt"));
+    const Mlp initial = make_model(seed, 0);
+    for (int r = 1; r < world; ++r) {
+      const auto rn = load(dir.file("rank" + std::to_string(r) + ".pt"));
+      ASSERT_EQ(r0.size(), rn.size());
+      for (size_t i = 0; i < r0.size(); ++i) {
+        EXPECT_TRUE(torch::equal(r0[i], rn[i])) << "parameter " << i << " differs between rank 0 and " << r;
+      }
     }
-    save(model->parameters(), dir.file("rank" + std::to_string(rank) + ".pt"));
-  });
-  const auto r0 = load(dir.file("rank0.pt"));
-  const auto r1 = load(dir.file("rank1.pt"));
-  const Mlp initial = make_model(seed, 0);
-  ASSERT_EQ(r0.size(), r1.size());
-  for (size_t i = 0; i < r0.size(); ++i) {
-    EXPECT_TRUE(torch::equal(r0[i], r1[i])) << "parameter " << i << " differs between ranks";
-    EXPECT_FALSE(torch::equal(r0[i], initial->parameters()[i])) << "parameter " << i << " did not train";
+    for (size_t i = 0; i < r0.size(); ++i) {
+      EXPECT_FALSE(torch::equal(r0[i], initial->parameters()[i])) << "parameter " << i << " did not train";
+    }
   }
 }
 
@@ -429,6 +441,131 @@ TEST(DistributedDataParallelTest, AnUnusedParameterIsAnErrorNamingItUnlessAllowe
     const torch::Tensor expected = local->sometimes->weight.grad() / pg.size();
     TORCH_CHECK(torch::allclose(model->sometimes->weight.grad(), expected, 1e-5, 1e-6), "rank ", rank,
                 ": the partly unused parameter's gradient is not half of rank 0's");
+  });
+}
+
+/// Square layers registered l0, l1, l2, l3 but applied in the opposite order (x -> l3 -> l2 -> l1 -> l0): backward
+/// produces l0's gradients first, while the initial buckets (reverse registration order) start with l3's.
+struct ReversedImpl : torch::nn::Module {
+  ReversedImpl() {
+    for (int i = 0; i < 4; ++i) layers->push_back(torch::nn::Linear(kIn, kIn));
+    register_module("layers", layers);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (int i = 3; i >= 0; --i) x = torch::tanh(layers[i]->as<torch::nn::Linear>()->forward(x));
+    return x;
+  }
+  torch::nn::ModuleList layers;
+};
+TORCH_MODULE(Reversed);
+
+/// About one layer per bucket for kIn x kIn fp32 layers (256 B weight + 32 B bias).
+ddp::DistributedDataParallelOptions one_layer_per_bucket() {
+  const double cap = 260.0 / (1024 * 1024);
+  return ddp::DistributedDataParallelOptions().first_bucket_mb(cap).bucket_cap_mb(cap);
+}
+
+std::vector<std::string> layers_of(const std::vector<ddp::BucketInfo>& buckets) {
+  std::vector<std::string> layers;
+  for (const auto& b : buckets) layers.push_back(b.parameter_names.front().substr(0, 8));  // "layers.N"
+  return layers;
+}
+
+TEST(DistributedDataParallelTest, BucketsAreRebuiltOnceFromTheObservedGradientOrder) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed);
+    const Data mine = shard(data, rank, pg.size());
+    torch::manual_seed(seed);
+    Reversed ref;
+    torch::mse_loss(ref->forward(data.x), data.y.narrow(1, 0, 1).expand({-1, kIn})).backward();
+    const auto expected = grads_of(*ref);
+    for (const bool rebuild : {true, false}) {
+      torch::manual_seed(seed + static_cast<uint64_t>(rank));  // DDP broadcasts rank 0's parameters
+      Reversed model;
+      ddp::DistributedDataParallel ddp(model, pg, one_layer_per_bucket().rebuild_buckets(rebuild));
+      const std::vector<std::string> initial = {"layers.3", "layers.2", "layers.1", "layers.0"};
+      TORCH_CHECK(layers_of(ddp.buckets()) == initial, "initial layout: ", c10::Join(", ", layers_of(ddp.buckets())));
+      for (int step = 0; step < 3; ++step) {
+        model->zero_grad();
+        const auto y = mine.y.narrow(1, 0, 1).expand({-1, kIn});
+        torch::mse_loss(ddp.forward(mine.x), y).backward();
+        check_close(grads_of(*model), expected, 1e-5, 1e-6, c10::str("rank ", rank, " step ", step));
+        const ddp::BackwardTimeline& t = ddp.last_backward_timeline();
+        const bool rebuilt = rebuild && step > 0;
+        const std::vector<std::string> want =
+            rebuilt ? std::vector<std::string>{"layers.0", "layers.1", "layers.2", "layers.3"} : initial;
+        TORCH_CHECK(layers_of(ddp.buckets()) == want, "step ", step, " rebuild ", rebuild, ": layout ",
+                    c10::Join(", ", layers_of(ddp.buckets())));
+        if (rebuilt) {
+          // In use order, the first bucket goes out while the other layers' gradients are still being computed.
+          TORCH_CHECK(t.bucket_issued[0] < t.last_gradient_ready, "step ", step,
+                      ": the rebuilt first bucket was not issued before the last gradient");
+        } else {
+          // In registration order, the first bucket waits for the last gradient, and every later one waits for it.
+          for (size_t b = 0; b < t.bucket_issued.size(); ++b) {
+            TORCH_CHECK(t.bucket_issued[b] >= t.last_gradient_ready, "step ", step, ": bucket ", b,
+                        " issued before the last gradient in the registration-order layout");
+          }
+        }
+      }
+    }
+  });
+}
+
+/// Two independent branches whose creation order is a constructor argument: the autograd engine runs the later
+/// created branch's backward first, so the ranks observe different gradient orders.
+struct TwoBranchesImpl : torch::nn::Module {
+  explicit TwoBranchesImpl(bool a_first) : a_first(a_first) {
+    a = register_module("a", torch::nn::Linear(kIn, kIn));
+    b = register_module("b", torch::nn::Linear(kIn, kIn));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor first, second;
+    if (a_first) {
+      first = a->forward(x);
+      second = b->forward(x);
+    } else {
+      second = b->forward(x);
+      first = a->forward(x);
+    }
+    return torch::tanh(first) * torch::sigmoid(second);
+  }
+  bool a_first;
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(TwoBranches);
+
+TEST(DistributedDataParallelTest, TheRebuiltLayoutIsRankZerosOrderOnEveryRank) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed);
+    const Data mine = shard(data, rank, pg.size());
+    const auto target = [](const Data& d) { return d.y.narrow(1, 0, 1).expand({-1, kIn}); };
+    torch::manual_seed(seed);
+    TwoBranches ref(true);
+    torch::mse_loss(ref->forward(data.x), target(data)).backward();
+    torch::manual_seed(seed);
+    TwoBranches model(rank == 0);
+    ddp::DistributedDataParallel ddp(model, pg, one_layer_per_bucket());
+    std::vector<char> order;  // which branch's weight gradient this rank computed first, second
+    model->a->weight.register_hook([&](const torch::Tensor&) { order.push_back('a'); });
+    model->b->weight.register_hook([&](const torch::Tensor&) { order.push_back('b'); });
+    for (int step = 0; step < 2; ++step) {
+      model->zero_grad();
+      torch::mse_loss(ddp.forward(mine.x), target(mine)).backward();
+      check_close(grads_of(*model), grads_of(*ref), 1e-5, 1e-6, c10::str("rank ", rank, " step ", step));
+    }
+    // The ranks really observed different orders...
+    TORCH_CHECK(order.size() == 4 && order[0] == (rank == 0 ? 'b' : 'a'), "rank ", rank, " computed ", order[0],
+                "'s gradient first");
+    // ...and rank 1 follows rank 0's: b's bucket first.
+    const auto names = ddp.buckets();
+    TORCH_CHECK(names.size() == 2 && names[0].parameter_names.front().rfind("b.", 0) == 0 &&
+                    names[1].parameter_names.front().rfind("a.", 0) == 0,
+                "rank ", rank, ": rebuilt layout starts with ", names[0].parameter_names.front());
   });
 }
 

@@ -145,17 +145,27 @@ constexpr std::chrono::seconds kLimit{60};
 
 int exit_code(const std::optional<int>& status) { return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1; }
 
-TEST(DdpLaunchTest, TwoWorkersTrainTogetherAndEndBitIdentical) {
+TEST(DdpLaunchTest, TwoAndFourWorkersTrainTogetherAndEndBitIdentical) {
   LTA_REQUIRE_GLOO();
-  ddp_test::ScratchDir out;
-  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 " + kWorker + " train --steps 3 --out " + out.path());
-  ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
-  EXPECT_TRUE(contains_all(launch.output(), {"rank 0 of 2 done", "rank 1 of 2 done"}));
-  std::vector<torch::Tensor> r0, r1;
-  torch::load(r0, out.file("rank0.pt"));
-  torch::load(r1, out.file("rank1.pt"));
-  ASSERT_EQ(r0.size(), r1.size());
-  for (size_t i = 0; i < r0.size(); ++i) EXPECT_TRUE(torch::equal(r0[i], r1[i])) << "parameter " << i;
+  for (const int n : {2, 4}) {
+    ddp_test::ScratchDir out;
+    Process launch(kLaunch + " --nproc-per-node " + std::to_string(n) + " --master-port 0 " + kWorker +
+                   " train --steps 3 --out " + out.path());
+    ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
+    std::vector<std::string> done;
+    for (int r = 0; r < n; ++r) done.push_back("rank " + std::to_string(r) + " of " + std::to_string(n) + " done");
+    EXPECT_TRUE(contains_all(launch.output(), done));
+    std::vector<torch::Tensor> r0;
+    torch::load(r0, out.file("rank0.pt"));
+    for (int r = 1; r < n; ++r) {
+      std::vector<torch::Tensor> rn;
+      torch::load(rn, out.file("rank" + std::to_string(r) + ".pt"));
+      ASSERT_EQ(r0.size(), rn.size());
+      for (size_t i = 0; i < r0.size(); ++i) {
+        EXPECT_TRUE(torch::equal(r0[i], rn[i])) << n << " workers: parameter " << i << " of rank " << r;
+      }
+    }
+  }
 }
 
 TEST(DdpLaunchTest, AFailedWorkerIsNamedTheOthersStoppedAndItsCodeReturned) {
