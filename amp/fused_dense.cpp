@@ -79,8 +79,8 @@ void check_dtypes(const char* layer, const at::Tensor& input, const at::Tensor& 
 
 void check_features(const char* layer, const at::Tensor& input, int64_t in_features) {
   TORCH_CHECK(input.defined(), layer, ": input is an undefined tensor");
-  TORCH_CHECK(input.dim() >= 1 && input.size(-1) == in_features, layer, ": input's last dimension must be in_features=",
-              in_features, ", got input sizes ", input.sizes());
+  TORCH_CHECK(input.dim() >= 1 && input.size(-1) == in_features, layer,
+              ": input's last dimension must be in_features=", in_features, ", got input sizes ", input.sizes());
 }
 
 std::vector<int64_t> output_sizes(const at::Tensor& input, int64_t out_features) {
@@ -103,10 +103,17 @@ bool allow_cublaslt(DensePath policy, const c10::Device& device, const kernels::
   return kernels::autotuned_path(key, device, run).path == GemmPath::kCublasLt;
 }
 
+// Custom autograd functions cannot take undefined tensors as inputs: a missing bias travels as an empty tensor.
+at::Tensor bias_argument(const at::Tensor& bias, const at::Tensor& like) {
+  return bias.defined() ? bias : at::empty({0}, like.options());
+}
+at::Tensor present(const at::Tensor& bias_or_empty) { return bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor(); }
+
 // y = x W^T + b. Saved for backward: x and W.
 struct DenseFunction : public torch::autograd::Function<DenseFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, bool allow_lt, const at::Tensor& paths) {
+                            const at::Tensor& bias_or_empty, bool allow_lt, const at::Tensor& paths) {
+    const at::Tensor bias = present(bias_or_empty);
     const GemmResult r = gemm_epilogue(x, weight.t(), Epilogue::kBias, bias, {}, allow_lt);
     record(paths, kForwardSlot, r.path);
     ctx->save_for_backward({x, weight});
@@ -169,8 +176,8 @@ GeluBackward gelu_block_backward(const at::Tensor& dy, const at::Tensor& x, cons
   }
   if (need_dx || need_first) {
     // dpre = (dy W2) * gelu'(pre), db1 = dpre summed over rows, in one GEMM (DGELU_BGRAD).
-    const GemmResult r = tally.add(
-        gemm_epilogue(dy, w2, has_bias ? Epilogue::kDGeluBGrad : Epilogue::kDGelu, {}, pre, allow_lt));
+    const GemmResult r =
+        tally.add(gemm_epilogue(dy, w2, has_bias ? Epilogue::kDGeluBGrad : Epilogue::kDGelu, {}, pre, allow_lt));
     const at::Tensor dpre = r.out;
     g.db1 = r.bias_grad;
     if (need_first) g.dw1 = tally.add(gemm_epilogue(dpre.t(), x, Epilogue::kNone, {}, {}, allow_lt)).out;
@@ -181,9 +188,11 @@ GeluBackward gelu_block_backward(const at::Tensor& dy, const at::Tensor& x, cons
 }
 
 struct DenseGeluDenseFunction : public torch::autograd::Function<DenseGeluDenseFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
-                            const at::Tensor& w2, const at::Tensor& b2, bool allow_lt, const at::Tensor& paths) {
-    GeluForward f = gelu_block_forward(x, w1, b1, w2, b2, allow_lt);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
+                            const at::Tensor& b1_or_empty, const at::Tensor& w2, const at::Tensor& b2_or_empty,
+                            bool allow_lt, const at::Tensor& paths) {
+    const at::Tensor b1 = present(b1_or_empty);
+    GeluForward f = gelu_block_forward(x, w1, b1, w2, present(b2_or_empty), allow_lt);
     PathTally tally;
     tally.add(f.first);
     tally.add(f.second);
@@ -197,10 +206,10 @@ struct DenseGeluDenseFunction : public torch::autograd::Function<DenseGeluDenseF
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    const GeluBackward g = gelu_block_backward(
-        grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], ctx->saved_data["has_bias"].toBool(),
-        ctx->needs_input_grad(0), ctx->needs_input_grad(1) || ctx->needs_input_grad(2),
-        ctx->needs_input_grad(3) || ctx->needs_input_grad(4), ctx->saved_data["allow_lt"].toBool());
+    const GeluBackward g =
+        gelu_block_backward(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], ctx->saved_data["has_bias"].toBool(),
+                            ctx->needs_input_grad(0), ctx->needs_input_grad(1) || ctx->needs_input_grad(2),
+                            ctx->needs_input_grad(3) || ctx->needs_input_grad(4), ctx->saved_data["allow_lt"].toBool());
     record(ctx->saved_data["paths"].toTensor(), kBackwardSlot, g.path);
     return {g.dx, g.dw1, g.db1, g.dw2, g.db2, at::Tensor(), at::Tensor()};
   }
@@ -250,7 +259,7 @@ at::Tensor FusedDenseImpl::forward(const at::Tensor& input) {
   const at::Tensor w = autocast_input(weight, device_type);
   const at::Tensor b = autocast_input(bias, device_type);
   check_dtypes("FusedDense", x, w, "weight");
-  const kernels::PathKey key = {kDenseTag, x.size(0), options.in_features(), 0, options.out_features(),
+  const kernels::PathKey key = {kDenseTag,     x.size(0),          options.in_features(), 0, options.out_features(),
                                 dtype_code(x), x.device().index(), b.defined() ? 1 : 0};
   const bool allow_lt = allow_cublaslt(options.path(), x.device(), key, [&](GemmPath path) {
     const torch::NoGradGuard no_grad;
@@ -259,7 +268,7 @@ at::Tensor FusedDenseImpl::forward(const at::Tensor& input) {
     gemm_epilogue(y, w, Epilogue::kNone, {}, {}, lt);
     gemm_epilogue(y.t(), x, b.defined() ? Epilogue::kBGradB : Epilogue::kNone, {}, {}, lt);
   });
-  const at::Tensor y = DenseFunction::apply(x, w, b, allow_lt, paths_);
+  const at::Tensor y = DenseFunction::apply(x, w, bias_argument(b, x), allow_lt, paths_);
   return y.view(output_sizes(input, options.out_features()));
 }
 
@@ -298,9 +307,8 @@ at::Tensor FusedDenseGeluDenseImpl::forward(const at::Tensor& input) {
   const at::Tensor b2 = autocast_input(dense2->bias, device_type);
   check_dtypes("FusedDenseGeluDense", x, w1, "dense1.weight");
   check_dtypes("FusedDenseGeluDense", x, w2, "dense2.weight");
-  const kernels::PathKey key = {kDenseGeluDenseTag,      x.size(0),     options.in_features(),
-                                options.hidden_features(), options.out_features(), dtype_code(x),
-                                x.device().index(),        b1.defined() ? 1 : 0};
+  const kernels::PathKey key = {kDenseGeluDenseTag,     x.size(0),     options.in_features(), options.hidden_features(),
+                                options.out_features(), dtype_code(x), x.device().index(),    b1.defined() ? 1 : 0};
   const bool allow_lt = allow_cublaslt(options.path(), x.device(), key, [&](GemmPath path) {
     const torch::NoGradGuard no_grad;
     const bool lt = path == GemmPath::kCublasLt;
@@ -310,7 +318,8 @@ at::Tensor FusedDenseGeluDenseImpl::forward(const at::Tensor& input) {
     gelu_block_backward(f.second.out, x, w1, w2, f.first.pre_activation, f.first.out, b1.defined(), true, true, true,
                         lt);
   });
-  const at::Tensor y = DenseGeluDenseFunction::apply(x, w1, b1, w2, b2, allow_lt, paths_);
+  const at::Tensor y =
+      DenseGeluDenseFunction::apply(x, w1, bias_argument(b1, x), w2, bias_argument(b2, x), allow_lt, paths_);
   return y.view(output_sizes(input, options.out_features()));
 }
 

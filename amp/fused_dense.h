@@ -28,7 +28,8 @@ const char* dense_path_name(DensePath path);
 
 /// Options of FusedDense, as torch::nn::LinearOptions plus the path policy. Checked at construction.
 struct FusedDenseOptions {
-  FusedDenseOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  FusedDenseOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
   TORCH_ARG(int64_t, in_features);
   TORCH_ARG(int64_t, out_features);
   /// Learn an additive bias (default true).

@@ -130,13 +130,13 @@ void check_args(const at::Tensor& a, const at::Tensor& b, Epilogue e, const at::
                 " strides ", bias.strides());
   }
   if (takes_gelu_input(e)) {
-    TORCH_CHECK(gelu_input.defined(), "gemm_epilogue: epilogue ", epilogue_name(e), " needs gelu_input [M, N] = [",
-                m, ", ", n, "]");
+    TORCH_CHECK(gelu_input.defined(), "gemm_epilogue: epilogue ", epilogue_name(e), " needs gelu_input [M, N] = [", m,
+                ", ", n, "]");
     check_same(gelu_input, "gelu_input", a, b, e);
-    TORCH_CHECK(gelu_input.dim() == 2 && gelu_input.size(0) == m && gelu_input.size(1) == n &&
-                    gelu_input.is_contiguous(),
-                "gemm_epilogue: gelu_input must be a contiguous [M, N] = [", m, ", ", n, "] matrix for ",
-                describe(a, b, e), ", got sizes ", gelu_input.sizes(), " strides ", gelu_input.strides());
+    TORCH_CHECK(
+        gelu_input.dim() == 2 && gelu_input.size(0) == m && gelu_input.size(1) == n && gelu_input.is_contiguous(),
+        "gemm_epilogue: gelu_input must be a contiguous [M, N] = [", m, ", ", n, "] matrix for ", describe(a, b, e),
+        ", got sizes ", gelu_input.sizes(), " strides ", gelu_input.strides());
   } else {
     TORCH_CHECK(!gelu_input.defined(), "gemm_epilogue: epilogue ", epilogue_name(e),
                 " takes no gelu_input, got one of sizes ", gelu_input.sizes());

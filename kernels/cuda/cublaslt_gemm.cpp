@@ -79,9 +79,9 @@ struct LtPlan {
 
 namespace {
 
-#define LTA_LT_TRY(expr)                                            \
-  do {                                                              \
-    const cublasStatus_t lta_status_ = (expr);                      \
+#define LTA_LT_TRY(expr)                                                                     \
+  do {                                                                                       \
+    const cublasStatus_t lta_status_ = (expr);                                               \
     if (lta_status_ != CUBLAS_STATUS_SUCCESS) return {#expr, static_cast<int>(lta_status_)}; \
   } while (0)
 
@@ -131,16 +131,17 @@ LtStatus build(LtPlan& plan, cublasLtHandle_t handle, bool* found) {
   }
   PreferenceGuard pref;
   LTA_LT_TRY(cublasLtMatmulPreferenceCreate(&pref.pref));
-  LTA_LT_TRY(set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(p.max_workspace_bytes)));
+  LTA_LT_TRY(
+      set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(p.max_workspace_bytes)));
   LTA_LT_TRY(set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(p.align_a)));
   LTA_LT_TRY(set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(p.align_b)));
   LTA_LT_TRY(set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(p.align_d)));
   LTA_LT_TRY(set_pref(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(p.align_d)));
 
   int returned = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a_layout, plan.b_layout,
-                                                               plan.d_layout, plan.d_layout, pref.pref, 1,
-                                                               &plan.heuristic, &returned);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a_layout, plan.b_layout, plan.d_layout, plan.d_layout,
+                                     pref.pref, 1, &plan.heuristic, &returned);
   // NOT_SUPPORTED means "no algorithm for this configuration": the caller falls back, it is not an error.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
     *found = false;
