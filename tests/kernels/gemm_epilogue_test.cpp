@@ -107,6 +107,11 @@ class GemmEpilogueTest : public ::testing::Test {
     if (takes_gelu_input(e)) in.gelu_input = random({s.m, s.n}, device);
     return in;
   }
+  // M in [1, 64], K in [1, 512], N in [1, 64].
+  Shape random_shape() {
+    auto draw = [&](int64_t high) { return torch::randint(1, high + 1, {1}, gen_).item<int64_t>(); };
+    return {draw(64), draw(512), draw(64)};
+  }
   void check(const kernels::GemmResult& r, const Operands& in, Epilogue e, const std::string& what) {
     const kernels::GemmResult expected = reference(in, e);
     expect_close(r.out, expected.out, dtype(), what + " out");
@@ -125,7 +130,9 @@ using Dtypes = ::testing::Types<float, c10::Half, c10::BFloat16>;
 TYPED_TEST_SUITE(GemmEpilogueTest, Dtypes);
 
 TYPED_TEST(GemmEpilogueTest, CpuMatchesFp64ReferenceForEveryEpilogue) {
-  for (const Shape& s : kShapes) {
+  std::vector<Shape> shapes = kShapes;
+  for (int i = 0; i < 3; ++i) shapes.push_back(this->random_shape());  // plus fresh random ones each run
+  for (const Shape& s : shapes) {
     for (Epilogue e : kEpilogues) {
       const Operands in = this->operands(s, e, torch::kCPU);
       const auto r = kernels::gemm_epilogue(in.a, in.b, e, in.bias, in.gelu_input);
