@@ -151,29 +151,24 @@ int64_t alignment_of(const void* p) {
 
 std::string lt_reason(const at::Tensor& a, const at::Tensor& b, Epilogue e, const at::Tensor& bias,
                       const at::Tensor& gelu_input) {
-  std::ostringstream why;
   const int64_t m = a.size(0);
   const int64_t k = a.size(1);
   const int64_t n = b.size(1);
   if (m == 0 || n == 0 || k == 0) {
-    why << "an empty dimension (M, N, K) = (" << m << ", " << n << ", " << k << ")";
-    return why.str();
+    return c10::str("an empty dimension (M, N, K) = (", m, ", ", n, ", ", k, ")");
   }
   if (uses_aux(e) && n % kAuxLdMultiple != 0) {
-    why << "the GELU auxiliary matrix's leading dimension N=" << n << " is not a multiple of " << kAuxLdMultiple;
-    return why.str();
+    return c10::str("the GELU auxiliary matrix's leading dimension N=", n, " is not a multiple of ", kAuxLdMultiple);
   }
   const std::pair<const char*, const at::Tensor*> operands[] = {
       {"a", &a}, {"b", &b}, {"bias", &bias}, {"gelu_input", &gelu_input}};
   for (const auto& [name, t] : operands) {
     if (t->defined() && alignment_of(t->data_ptr()) < kMinLtAlignmentBytes) {
-      why << name << "'s data is not " << kMinLtAlignmentBytes << "-byte aligned (a view at an odd offset)";
-      return why.str();
+      return c10::str(name, "'s data is not ", kMinLtAlignmentBytes, "-byte aligned (a view at an odd offset)");
     }
   }
   if (!a.is_cuda()) {
-    why << "the tensors are on " << a.device() << " (cuBLASLt is CUDA-only)";
-    return why.str();
+    return c10::str("the tensors are on ", a.device(), " (cuBLASLt is CUDA-only)");
   }
 #ifndef LIBTORCH_AMP_WITH_CUDA
   return "libtorch_amp was built without CUDA";

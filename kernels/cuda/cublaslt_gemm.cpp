@@ -66,15 +66,26 @@ bool uses_aux(LtEpilogue e) {
 
 }  // namespace
 
-// Descriptors stay alive for the process: they are small, and destroying them during static destruction
-// could run after the CUDA libraries were unloaded. The matmul descriptor carries the per-call bias and aux
-// pointers, so a call holds `mutex` while it sets them and enqueues the matmul (host work only).
+// Cached plans stay alive for the process (the cache is never destroyed: tearing descriptors down during static
+// destruction could run after the CUDA libraries were unloaded); a plan that is not kept (no algorithm, or a failed
+// build) releases its descriptors at once. The matmul descriptor carries the per-call bias and aux pointers, so a
+// call holds `mutex` while it sets them and enqueues the matmul (host work only).
 struct LtPlan {
   LtProblem problem;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a_layout = nullptr, b_layout = nullptr, d_layout = nullptr;
   cublasLtMatmulHeuristicResult_t heuristic{};
   std::mutex mutex;
+
+  LtPlan() = default;
+  LtPlan(const LtPlan&) = delete;
+  LtPlan& operator=(const LtPlan&) = delete;
+  ~LtPlan() {
+    for (cublasLtMatrixLayout_t layout : {a_layout, b_layout, d_layout}) {
+      if (layout != nullptr) cublasLtMatrixLayoutDestroy(layout);
+    }
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
 };
 
 namespace {
