@@ -164,11 +164,12 @@ at::Tensor State::begin_loss(const at::Tensor& loss, int64_t loss_id, bool delay
     // A new unscale cycle: the overflow flag starts clear here, before backward, because with a data parallel
     // wrapper attached the buckets are unscaled and checked during backward (consume_bucket).
     s.begin_step();
-    unscaled_by_bucket_.assign(slots_.size(), 0);
+    consumed_direct_.assign(slots_.size(), ConsumedGrad{});
   }
+  at::Tensor scaled = s.scale_loss(loss);  // may throw (bad loss): then no loss is active
   active_loss_id_ = loss_id;
   active_delay_unscale_ = delay_unscale;
-  return s.scale_loss(loss);
+  return scaled;
 }
 
 void State::end_loss(int64_t loss_id, bool delay_unscale) {
@@ -185,7 +186,19 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
   std::vector<int64_t> direct_index, master_index;
   for (size_t i = 0; i < slots_.size(); ++i) {
     auto& slot = slots_[i];
-    if (!slot.model.grad().defined() || (i < unscaled_by_bucket_.size() && unscaled_by_bucket_[i] != 0)) continue;
+    if (!slot.model.grad().defined()) continue;  // none, or folded into the master by consume_bucket
+    if (i < consumed_direct_.size() && consumed_direct_[i].grad != nullptr) {
+      // Unscaled in place by consume_bucket; it must not have changed since (that would mix scales).
+      const at::Tensor& grad = slot.model.grad();
+      TORCH_CHECK(
+          grad.unsafeGetTensorImpl() == consumed_direct_[i].grad && grad._version() == consumed_direct_[i].version,
+          "amp: the gradient of '", slot.name,
+          "' changed after DDP's reduced bucket was unscaled into it in this "
+          "scale_loss scope (a backward under no_sync after a synchronized one?), which would mix unscaled and "
+          "scaled values. Run the scope's earlier backward passes under no_sync, or give them their own scope "
+          "with delay_unscale=true.");
+      continue;
+    }
     if (!slot.has_master) {
       direct.push_back(slot.model.grad());
       direct_index.push_back(static_cast<int64_t>(i));
@@ -242,8 +255,11 @@ void State::attach(ddp::DistributedDataParallel& ddp) {
 }
 
 bool State::consume_bucket(const ddp::ReducedBucket& bucket) {
-  // Outside a scale_loss scope, or accumulating scaled gradients (delay_unscale): a plain average.
+  // Outside a scale_loss scope, or accumulating scaled gradients (delay_unscale): a plain average. Buffers in a
+  // dtype the fused kernel does not take (allreduce_dtype(kDouble)) too: the scope's end unscales them.
   if (active_loss_id_ < 0 || active_delay_unscale_) return false;
+  const c10::ScalarType wire = bucket.buffer.scalar_type();
+  if (wire != at::kFloat && wire != at::kHalf && wire != at::kBFloat16) return false;
   LossScaler& s = scaler(active_loss_id_);
   // One fused pass per bucket: the reduced sum times (average_scale * inv_scale), checked, written to the
   // optimizer's gradient (in place for direct parameters, fp32 into the master's for half ones).
@@ -264,8 +280,18 @@ bool State::consume_bucket(const ddp::ReducedBucket& bucket) {
     ParamSlot& slot = slots_[i];
     src.push_back(reduced);
     index.push_back(i);
-    unscaled_by_bucket_[i] = 1;
     if (!slot.has_master) {
+      // A second synchronized backward in the same scope would find this gradient already unscaled, add its
+      // scaled local gradient to it, and reduce the mix: refuse rather than compute a wrong average.
+      TORCH_CHECK(
+          consumed_direct_[i].grad == nullptr,
+          "amp: a second synchronized backward pass inside one "
+          "scale_loss scope reached '",
+          slot.name,
+          "' (which has no fp32 master) after DDP's bucket had been "
+          "unscaled into it. Run the scope's earlier backward passes under no_sync, or give them their own scope "
+          "with delay_unscale=true.");
+      consumed_direct_[i] = ConsumedGrad{grad.unsafeGetTensorImpl(), grad._version()};
       dst.push_back(grad);
       continue;
     }

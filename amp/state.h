@@ -106,9 +106,13 @@ class State : public std::enable_shared_from_this<State> {
   bool grads_scaled_ = false;    // a delay_unscale backward left scaled gradients behind
   int64_t scaled_loss_id_ = -1;  // the loss whose scale those gradients carry
   bool unscaled_this_step_ = false;
-  int64_t active_loss_id_ = -1;           // the loss of the scale_loss scope being backpropagated, -1 outside one
-  bool active_delay_unscale_ = false;     // that scope's delay_unscale
-  std::vector<char> unscaled_by_bucket_;  // per slot: this loss's gradient was already unscaled by consume_bucket
+  int64_t active_loss_id_ = -1;        // the loss of the scale_loss scope being backpropagated, -1 outside one
+  bool active_delay_unscale_ = false;  // that scope's delay_unscale
+  struct ConsumedGrad {  // a masterless gradient consume_bucket unscaled in place during this loss's backward
+    const c10::TensorImpl* grad = nullptr;
+    int64_t version = 0;
+  };
+  std::vector<ConsumedGrad> consumed_direct_;                    // per slot
   std::unordered_map<const c10::TensorImpl*, int64_t> slot_of_;  // model tensor -> slot, for consume_bucket
   int64_t steps_ = 0;
   std::vector<int64_t> last_logged_step_;

@@ -1,6 +1,7 @@
 #include <ddp/data_parallel.h>
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -8,6 +9,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
@@ -50,9 +52,18 @@ std::vector<at::Tensor> parallel_apply(const std::function<at::Tensor(size_t)>& 
                                        const std::vector<c10::Device>& devices) {
   std::vector<at::Tensor> outputs(devices.size());
   std::vector<std::exception_ptr> errors(devices.size());
+  // Each replica runs on the stream that is current for its device on the calling thread (where its inputs and
+  // parameters were copied), not on the worker thread's default stream.
+  std::vector<std::optional<c10::Stream>> streams(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i].type() != c10::kCPU)
+      streams[i] = c10::impl::VirtualGuardImpl(devices[i].type()).getStream(devices[i]);
+  }
   auto run = [&](size_t i) {
     try {
       c10::DeviceGuard on_device(devices[i]);
+      std::optional<c10::StreamGuard> on_stream;
+      if (streams[i]) on_stream.emplace(*streams[i]);
       outputs[i] = forward(i);
       TORCH_CHECK(outputs[i].defined(), "returned an undefined tensor");
     } catch (c10::Error& e) {
@@ -66,6 +77,14 @@ std::vector<at::Tensor> parallel_apply(const std::function<at::Tensor(size_t)>& 
   // it is carried there.
   const at::ThreadLocalState caller_state;
   std::vector<std::thread> threads;
+  struct JoinAll {  // also when starting a thread throws: never leave a joinable std::thread behind
+    std::vector<std::thread>& threads;
+    ~JoinAll() {
+      for (std::thread& t : threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  } join_all{threads};
   threads.reserve(devices.size() - 1);
   for (size_t i = 1; i < devices.size(); ++i) {
     threads.emplace_back([&, i] {

@@ -66,6 +66,9 @@ void copy_buffers(const torch::nn::Module& from, torch::nn::Module& to);
 /// device in parallel, and gathers the outputs on output_device. Backward sums the replicas' gradients into the
 /// module's own parameters, so an optimizer over module->parameters() (or amp's) trains it as usual. With one
 /// device (or a batch of one) the module itself runs, without replication. Host syncs: those of the device copies.
+/// Replicas are made with LibTorch's Module::clone, which runs the module's reset() (its initializers, on the CPU,
+/// drawing from the global generator) before copying the parameters in: a cost per forward that grows with the
+/// model, as for torch::nn::parallel::data_parallel, and random draws that a single-device run does not make.
 template <typename ModuleType>
 class DataParallel {
  public:

@@ -183,7 +183,13 @@ class DistributedDataParallel::Impl {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (in_backward_) reset_iteration();  // the previous backward threw before its end-of-backward callback
-      if (options_.rebuild_buckets() && !rebuilt_) maybe_rebuild_buckets();
+      // Only in a training forward after this rank's first complete synchronized backward: synchronized backward
+      // passes are collective, so every rank reaches this point in the same forward, and an eval or no_sync
+      // forward stays free of collectives (as without rebuild_buckets).
+      if (options_.rebuild_buckets() && !rebuilt_ && !observed_order_.empty() && sync_enabled_ &&
+          c10::GradMode::is_enabled()) {
+        rebuild_buckets();
+      }
     }
     if (options_.broadcast_buffers()) broadcast_from_root(pg_, module_->buffers(/*recurse=*/true));
   }
@@ -232,7 +238,8 @@ class DistributedDataParallel::Impl {
   /// which backward is expected to produce gradients): the first bucket of each kind is capped at first_bucket_mb,
   /// the others at bucket_cap_mb, and a bucket closes once it reaches its cap.
   void build_buckets(const std::vector<int64_t>& order) {
-    buckets_.clear();
+    std::vector<Bucket> buckets;  // built aside and swapped in at the end: a failure leaves the old layout intact
+    std::vector<int64_t> owner(params_.size(), -1);
     struct Open {
       std::vector<int64_t> params;
       int64_t bytes = 0;
@@ -267,20 +274,22 @@ class DistributedDataParallel::Impl {
       int64_t numel = 0;
       for (int64_t p : b.params) {
         numel += params_[p].tensor.numel();
-        params_[p].bucket = static_cast<int64_t>(buckets_.size());
+        owner[p] = static_cast<int64_t>(buckets.size());
       }
       const at::Tensor& first = params_[b.params.front()].tensor;
       b.buffer = at::empty({numel}, first.options().dtype(options_.allreduce_dtype().value_or(first.scalar_type())));
       b.pending = static_cast<int64_t>(b.params.size());
-      buckets_.push_back(std::move(b));
+      buckets.push_back(std::move(b));
     }
+    buckets_ = std::move(buckets);
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].bucket = owner[i];
     timeline_.bucket_issued.assign(buckets_.size(), BackwardTimeline::TimePoint{});
   }
 
-  /// Before a forward, until the buckets were rebuilt: when rank 0 has seen a complete synchronized backward pass,
-  /// every rank rebuilds its buckets in rank 0's observed gradient order. Collective (one broadcast of the flag and
-  /// the order) on every rank alike, whatever each rank observed, so the ranks never disagree on the layout.
-  void maybe_rebuild_buckets() {
+  /// Every rank rebuilds its buckets in rank 0's observed gradient order. Collective: one broadcast of rank 0's
+  /// order (with a flag, in case rank 0 has none), so the ranks never disagree on the layout, whatever each
+  /// observed. A host sync, once.
+  void rebuild_buckets() {
     const auto n = static_cast<int64_t>(params_.size());
     at::Tensor message = at::zeros({n + 1}, at::kLong);  // [has an order, order...]
     if (pg_.rank() == kRoot && static_cast<int64_t>(observed_order_.size()) == n) {
@@ -290,8 +299,10 @@ class DistributedDataParallel::Impl {
     if (pg_.size() > 1) {
       at::Tensor on_device = message.to(pg_.device());
       pg_.broadcast_(on_device, kRoot);
-      message = on_device.cpu();  // a host sync, but only in the first iterations
+      message = on_device.cpu();
     }
+    rebuilt_ = true;  // whatever rank 0 sent: never another collective here
+    observed_order_.clear();
     if (message[0].item<int64_t>() == 0) return;
     std::vector<int64_t> order(message.data_ptr<int64_t>() + 1, message.data_ptr<int64_t>() + 1 + n);
     std::vector<bool> seen(params_.size(), false);
@@ -301,8 +312,6 @@ class DistributedDataParallel::Impl {
       seen[i] = true;
     }
     build_buckets(order);
-    rebuilt_ = true;
-    observed_order_.clear();
   }
 
   void register_hooks() {
@@ -352,8 +361,13 @@ class DistributedDataParallel::Impl {
     Bucket& b = buckets_[index];
     std::vector<at::Tensor> grads;
     grads.reserve(b.params.size());
-    // Every gradient is defined by now: finish_backward gives unused parameters zeros before launching late buckets.
-    for (int64_t pi : b.params) grads.push_back(params_[pi].tensor.grad());
+    for (int64_t pi : b.params) {
+      // A parameter can be "ready" with no gradient (a custom autograd function returned none for it): zeros.
+      // (finish_backward gives unused parameters zeros before launching late buckets.)
+      at::Tensor& param = params_[pi].tensor;
+      if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
+      grads.push_back(param.grad());
+    }
     detail::copy_into_bucket(b.buffer, grads, 1.0 / options_.gradient_predivide_factor());
     b.work = pg_.allreduce_sum_async(b.buffer);
     timeline_.bucket_issued[index] = Clock::now();
@@ -413,9 +427,13 @@ class DistributedDataParallel::Impl {
       const std::optional<c10::Stream>& caller;
       ~JoinCallerStream() {
         if (!comm) return;
-        c10::Event done(comm->device_type());
-        done.record(*comm);
-        done.block(*caller);
+        try {
+          c10::Event done(comm->device_type());
+          done.record(*comm);
+          done.block(*caller);
+        } catch (const std::exception& e) {  // a destructor must not throw; the CUDA error resurfaces at the next call
+          TORCH_WARN("DistributedDataParallel: could not order the caller's stream after the write-back: ", e.what());
+        }
       }
     } join{comm_stream_, caller_stream};
 

@@ -42,15 +42,16 @@ struct DistributedDataParallelOptions {
   /// dtype of the buckets on the wire: the gradients' own (nullopt), kFloat (reduce fp16/bf16 gradients in
   /// fp32), or kBFloat16 / kHalf (compress fp32 gradients to half the bytes).
   TORCH_ARG(std::optional<c10::ScalarType>, allreduce_dtype) = std::nullopt;
-  /// Rebuild the buckets once, at the first forward() after a synchronized backward pass, from the order in which
-  /// that pass produced the gradients (rank 0's order, broadcast, so every rank builds the same layout): buckets
-  /// then fill in the order backward really fills them, even when registration order is not use order. Same caps.
+  /// Rebuild the buckets once, at the first training forward() (grad mode on, outside no_sync) after a synchronized
+  /// backward pass, from the order in which that pass produced the gradients (rank 0's order, broadcast, so every
+  /// rank builds the same layout): buckets then fill in the order backward really fills them, even when
+  /// registration order is not use order. Same caps.
   TORCH_ARG(bool, rebuild_buckets) = true;
 };
 
 /// One bucket's layout, for inspection.
 struct BucketInfo {
-  std::vector<std::string> parameter_names;  // in bucket order (reverse registration order)
+  std::vector<std::string> parameter_names;  // in bucket order (reverse registration order until rebuilt)
   int64_t num_elements = 0;
   c10::ScalarType dtype = c10::kFloat;  // the allreduce dtype
   c10::Device device = c10::kCPU;
@@ -73,8 +74,9 @@ struct ReducedBucket {
   at::Tensor buffer;
   /// The bucket's parameters, in bucket order.
   std::vector<at::Tensor> params;
-  /// Their .grad tensors (always defined). After the write-back (the reduced hook) they hold the average over
-  /// ranks; a consumer sees them before it, holding this rank's local gradients.
+  /// Their .grad tensors (always defined). A consumer sees them holding this rank's local gradients; the reduced
+  /// hook sees them after the write-back, holding the average over ranks, or, when a consumer took the bucket,
+  /// whatever it left there (amp leaves the unscaled average in masterless gradients).
   std::vector<at::Tensor> grads;
   /// The factor that turns buffer into the average: gradient_predivide_factor / world_size.
   double average_scale = 1.0;
@@ -134,10 +136,11 @@ class DistributedDataParallel {
     return any_module_.forward<ReturnType>(std::forward<Args>(args)...);
   }
 
-  /// What forward() does before calling the module: until the buckets were rebuilt (rebuild_buckets), agrees on
-  /// and applies rank 0's observed gradient order; broadcasts buffers from rank 0 when broadcast_buffers is set;
-  /// and discards the state of a backward pass that did not finish (it threw). Collective: call it on every
-  /// rank, or on none. Blocks the host until the broadcasts are done.
+  /// What forward() does before calling the module: once, in the first training forward after a synchronized
+  /// backward, agrees on and applies rank 0's observed gradient order (rebuild_buckets); broadcasts buffers from
+  /// rank 0 when broadcast_buffers is set; and discards the state of a backward pass that did not finish (it
+  /// threw). Collective when it broadcasts: call it on every rank, or on none. Blocks the host until the
+  /// broadcasts are done.
   void before_forward();
 
   /// RAII scope in which backward passes accumulate gradients locally, without communication (gradient

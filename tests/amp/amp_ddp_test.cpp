@@ -2,6 +2,7 @@
 // reaches every rank through the sum, every rank raises the same found_inf without an extra collective, and
 // every rank skips the same step.
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,60 @@ TEST(AmpDdpAttachTest, OnTheGpuBucketsAreUnscaledOnTheCommunicationStreamLikeAtS
     }
   });
   if (std::ifstream(dir.file("no_gpu")).good()) GTEST_SKIP() << "needs a CUDA GPU; none is present";
+}
+
+TEST(AmpDdpAttachTest, MixingUnscaledAndScaledMasterlessGradientsInOneScopeIsRefused) {
+  if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
+  ddp::spawn(2, [](int rank, int) {
+    const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(20)));
+    torch::manual_seed(1);
+    Net net;  // O1: fp32 parameters, no masters: the consumer unscales .grad in place
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O1));
+    ddp::DistributedDataParallel ddp_net(net, group);
+    optimizer.attach(ddp_net);
+    const auto x = torch::randn({4, 8}, at::make_generator<at::CPUGeneratorImpl>(5 + rank));
+    auto error_of = [&](const std::function<void()>& fn) -> std::string {
+      try {
+        fn();
+      } catch (const c10::Error& e) {
+        return e.what_without_backtrace();
+      }
+      return "";
+    };
+    // Two synchronized backward passes in one scope.
+    const std::string twice = error_of([&] {
+      auto out = model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, x);
+      auto scaled = amp::scale_loss(out.pow(2).mean(), optimizer);
+      scaled.backward(/*retain_graph=*/true);
+      scaled.backward();
+    });
+    TORCH_CHECK(twice.find("second synchronized backward") != std::string::npos, "rank ", rank, ": got '", twice, "'");
+    // A synchronized backward, then one under no_sync, in one scope.
+    optimizer.zero_grad();
+    const std::string after = error_of([&] {
+      auto out = model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, x);
+      auto scaled = amp::scale_loss(out.pow(2).mean(), optimizer);
+      scaled.backward(/*retain_graph=*/true);
+      auto no_sync = ddp_net.no_sync();
+      scaled.backward();
+    });
+    TORCH_CHECK(after.find("changed after DDP's reduced bucket was unscaled") != std::string::npos, "rank ", rank,
+                ": got '", after, "'");
+    // The supported way (earlier passes under no_sync) trains normally afterwards.
+    optimizer.zero_grad();
+    {
+      auto out = model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, x);
+      auto scaled = amp::scale_loss(out.pow(2).mean(), optimizer);
+      {
+        auto no_sync = ddp_net.no_sync();
+        scaled.backward(/*retain_graph=*/true);
+      }
+      scaled.backward();
+    }
+    optimizer.step();
+    TORCH_CHECK(!optimizer.scaler().diagnostics_now().found_inf, "rank ", rank, ": unexpected overflow");
+  });
 }
 
 TEST(AmpDdpAttachTest, AttachingADdpOfAnotherModuleIsAnError) {

@@ -514,6 +514,34 @@ TEST(DistributedDataParallelTest, BucketsAreRebuiltOnceFromTheObservedGradientOr
   });
 }
 
+TEST(DistributedDataParallelTest, ARankAloneMayRunEvalForwardsWithoutBroadcastsBeforeAndAfterTheRebuild) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed);
+    const Data mine = shard(data, rank, pg.size());
+    const auto target = mine.y.narrow(1, 0, 1).expand({-1, kIn});
+    torch::manual_seed(seed);
+    Reversed ref;
+    torch::mse_loss(ref->forward(data.x), data.y.narrow(1, 0, 1).expand({-1, kIn})).backward();
+    torch::manual_seed(seed);
+    Reversed model;
+    ddp::DistributedDataParallel ddp(model, pg, one_layer_per_bucket().broadcast_buffers(false));
+    auto eval_on_rank0 = [&] {
+      if (rank != 0) return;
+      torch::NoGradGuard no_grad;
+      ddp.forward(mine.x);  // would hang (or pair with the other rank's allreduce) if it broadcast
+    };
+    for (int step = 0; step < 3; ++step) {
+      eval_on_rank0();
+      model->zero_grad();
+      torch::mse_loss(ddp.forward(mine.x), target).backward();
+      check_close(grads_of(*model), grads_of(*ref), 1e-5, 1e-6, c10::str("rank ", rank, " step ", step));
+    }
+    TORCH_CHECK(layers_of(ddp.buckets()).front() == "layers.0", "rank ", rank, ": the buckets were not rebuilt");
+  });
+}
+
 /// Two independent branches whose creation order is a constructor argument: the autograd engine runs the later
 /// created branch's backward first, so the ranks observe different gradient orders.
 struct TwoBranchesImpl : torch::nn::Module {
