@@ -31,12 +31,12 @@ ChoiceCache& choice_cache() {
   return cache;
 }
 
+#ifdef LIBTORCH_AMP_WITH_CUDA
 double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
   return v[v.size() / 2];
 }
 
-#ifdef LIBTORCH_AMP_WITH_CUDA
 // RAII pair of CUDA events timing one run on a stream.
 class EventTimer {
  public:
