@@ -2,6 +2,7 @@
 
 // Helpers shared by the test binaries: dtype tolerances, GPU presence, fresh random inputs.
 
+#include <functional>
 #include <random>
 #include <string>
 
@@ -36,6 +37,16 @@ inline uint64_t fresh_seed() {
   const uint64_t seed = std::random_device{}();
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
   return seed;
+}
+
+/// Runs `call`, which must throw a c10::Error whose message contains `fragment`; records a failure otherwise.
+inline void expect_error(const std::function<void()>& call, const std::string& fragment) {
+  try {
+    call();
+    ADD_FAILURE() << "expected an error containing: " << fragment;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace test_util

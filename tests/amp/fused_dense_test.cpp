@@ -254,14 +254,7 @@ TEST(FusedDenseTest, CpuReportsTheAtenPathForEveryPolicy) {
   }
 }
 
-void expect_error(const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 TEST(FusedDenseTest, BadInputIsAnErrorNamingTheShapes) {
   amp::FusedDense fused(8, 4);

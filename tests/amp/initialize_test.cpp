@@ -333,14 +333,7 @@ TEST(InitializeTest, CheckpointFromOtherOptionsOrCorruptFileChangesNothing) {
   std::remove(path.c_str());
 }
 
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 TEST(InitializeTest, BadInputIsNamed) {
   {

@@ -12,6 +12,8 @@
 
 #include <kernels/pointer_lists.h>
 
+#include "test_util.h"
+
 namespace copy_test {
 
 /// Sizes that exercise the chunking: empty, single element, odd, one chunk (65536) plus or minus one, several.
@@ -84,14 +86,6 @@ inline torch::Tensor no_index(const torch::Device& device = torch::kCPU) {
   return torch::full({1}, kernels::kNoNonFiniteIndex, torch::TensorOptions().dtype(torch::kInt32).device(device));
 }
 
-/// Runs `call` and expects a c10::Error whose message contains `fragment`.
-inline void expect_error(const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 }  // namespace copy_test

@@ -425,15 +425,7 @@ TEST(FusedOptimizerStepTest, EmptyParamListStillCountsTheStep) {
 }
 
 // Bad input: each error names the argument, the index and the offending value, and nothing is written.
-template <typename Fn>
-void expect_error(Fn&& fn, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 class FusedOptimizerErrorTest : public ::testing::Test {
  protected:

@@ -256,14 +256,7 @@ TEST(GemmEpilogueTest, UnsupportedReasonsAreReportedBeforeTheDevice) {
 }
 
 // Bad input: each error names what was wrong and the shapes.
-void expect_error(const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 TEST(GemmEpilogueTest, BadInputIsAnErrorNamingTheShapes) {
   const auto a = torch::randn({3, 5});

@@ -247,15 +247,7 @@ TEST(L2NormTest, EmptyListAndEmptyTensorsGiveZero) {
 }
 
 // Bad input: each error names the argument, the index and the offending value.
-template <typename F>
-void expect_error(F&& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 TEST(L2NormTest, RejectsMaxNormThatIsNotPositive) {
   std::vector<torch::Tensor> grads = {torch::randn({3})};

@@ -99,14 +99,7 @@ TEST(UpdateScaleTest, CudaTrajectoryMatchesCpu) {
   }
 }
 
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 TEST(UpdateScaleTest, BadOptionsAreNamed) {
   ScaleState s(torch::kCPU, 1.0f, 1);

@@ -149,14 +149,7 @@ TEST(UnscaleTest, MixedDtypesAreAllUnscaled) {
   for (const auto& g : grads) EXPECT_TRUE(torch::all(g.to(torch::kFloat32) == 2.0f).item<bool>()) << g.scalar_type();
 }
 
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 TEST(UnscaleTest, BadArgumentsAreNamed) {
   std::vector<torch::Tensor> grads = {torch::ones({4})};

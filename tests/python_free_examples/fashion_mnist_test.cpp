@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 #ifdef LIBTORCH_AMP_HAVE_ZLIB
 #include <zlib.h>
+
+#include "test_util.h"
 #endif
 
 namespace {
@@ -75,14 +77,7 @@ TEST_F(IdxFileTest, ReadsGzipCompressedFiles) {
 }
 #endif
 
-void expect_error(const std::function<void()>& f, const std::string& fragment) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing: " << fragment;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using test_util::expect_error;
 
 TEST_F(IdxFileTest, TruncatedFileIsNamed) {
   auto bytes = idx_bytes({4, 4}, 0);
