@@ -256,7 +256,7 @@ void check_lt(const cuda::LtStatus& status, const at::Tensor& a, const at::Tenso
 // columns) is our out summed over rows; BGRADB's (B summed over k) is our a summed over its columns; the aux
 // matrix (m x n, ld m) is our row-major [M, N] with ld N.
 bool run_cublaslt(const at::Tensor& a, const at::Tensor& b, Epilogue e, const at::Tensor& bias,
-                  const at::Tensor& gelu_input, GemmResult& r) {
+                  const at::Tensor& gelu_input, GemmResult& r, std::string& no_algorithm) {
   const c10::cuda::CUDAGuard guard(a.device());
   const int64_t m = a.size(0);
   const int64_t n = b.size(1);
@@ -275,6 +275,8 @@ bool run_cublaslt(const at::Tensor& a, const at::Tensor& b, Epilogue e, const at
   cuda::LtProblem p;
   p.device = a.get_device();
   p.dtype = to_kernel_dtype(a.scalar_type(), "a");
+  // fp32 follows LibTorch's TF32 switch for cuBLAS (off by default), so both paths compute alike.
+  p.tf32 = a.scalar_type() == at::kFloat && at::globalContext().allowTF32CuBLAS();
   p.epilogue = lt_epilogue(e, bias.defined());
   p.m = n;
   p.n = m;
@@ -291,8 +293,14 @@ bool run_cublaslt(const at::Tensor& a, const at::Tensor& b, Epilogue e, const at
 
   void* handle = at::cuda::getCurrentCUDABlasLtHandle();
   cuda::LtPlan* plan = nullptr;
-  check_lt(cuda::cublaslt_plan(p, handle, &plan), a, b, e);
-  if (plan == nullptr) return false;
+  int rejection = 0;
+  check_lt(cuda::cublaslt_plan(p, handle, &plan, &rejection), a, b, e);
+  if (plan == nullptr) {
+    no_algorithm = rejection != 0 ? c10::str("cuBLASLt's heuristic rejected this shape, dtype and epilogue (",
+                                             cuda::cublaslt_status_name(rejection), ")")
+                                  : "cuBLASLt's heuristic has no algorithm for this shape, dtype and epilogue";
+    return false;
+  }
   // The caching allocator ties the block to the current stream, so freeing it when this call returns is safe:
   // the next user of the block is ordered after this matmul on the same stream.
   const c10::DataPtr workspace =
@@ -363,8 +371,7 @@ GemmResult gemm_epilogue(const at::Tensor& a, const at::Tensor& b, Epilogue epil
 #ifdef LIBTORCH_AMP_WITH_CUDA
   if (reason.empty()) {
     GemmResult r;
-    if (run_cublaslt(a, b, epilogue, bias, gelu_input, r)) return r;
-    reason = "cuBLASLt's heuristic has no algorithm for this shape, dtype and epilogue";
+    if (run_cublaslt(a, b, epilogue, bias, gelu_input, r, reason)) return r;
   }
 #endif
   GemmResult r = aten_path(a, b, epilogue, bias, gelu_input);

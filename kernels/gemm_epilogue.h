@@ -51,9 +51,11 @@ struct GemmResult {
 ///             Must be undefined for the other epilogues.
 /// gelu_input: kDGelu/kDGeluBGrad: [M, N] contiguous, same dtype (the pre_activation of kGeluAuxBias).
 /// allow_cublaslt: false forces the ATen path (the equivalence tests and DensePath::kAten use it).
-/// Path: cuBLASLt (LibTorch's handle, the current stream, fp32 accumulation; fp32 inputs run as TF32) when the
+/// Path: cuBLASLt (LibTorch's handle, the current stream, fp32 accumulation; fp32 inputs run as TF32 when LibTorch's
+/// switch allows TF32 for cuBLAS, at::globalContext().allowTF32CuBLAS(), as its own matmuls do) when the
 /// tensors are CUDA, 16-byte aligned, non-empty, the auxiliary matrix's leading dimension N is a multiple of 8
-/// (kGeluAuxBias, kDGelu*), and cuBLASLt's heuristic has an algorithm; otherwise the ATen ops (addmm, relu,
+/// (kGeluAuxBias, kDGelu*), and cuBLASLt's heuristic has an algorithm (a NOT_SUPPORTED or INVALID_VALUE answer
+/// counts as none); otherwise the ATen ops (addmm, relu,
 /// gelu(approximate="tanh"), gelu_backward, sum), which compute the same outputs. Autocast does not apply
 /// inside: everything runs in the inputs' dtype. Host syncs: none. Errors name the shapes; a cuBLASLt failure
 /// names the call, the status and the shapes.

@@ -21,9 +21,10 @@ cudaDataType_t data_type(DType dtype) {
   return CUDA_R_32F;
 }
 
-// fp16/bf16 accumulate in fp32; fp32 inputs run on the tensor cores as TF32 (the "TF32 mode").
-cublasComputeType_t compute_type(DType dtype) {
-  return dtype == DType::kFloat32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+// fp16/bf16 accumulate in fp32; fp32 inputs run on the tensor cores as TF32 when the caller allows it (LibTorch's
+// switch, as for its own matmuls), in full fp32 otherwise.
+cublasComputeType_t compute_type(DType dtype, bool tf32) {
+  return dtype == DType::kFloat32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
 cublasLtEpilogue_t lt_epilogue(LtEpilogue epilogue) {
@@ -119,9 +120,9 @@ struct PreferenceGuard {
   }
 };
 
-LtStatus build(LtPlan& plan, cublasLtHandle_t handle, bool* found) {
+LtStatus build(LtPlan& plan, cublasLtHandle_t handle, bool* found, int* rejection) {
   const LtProblem& p = plan.problem;
-  LTA_LT_TRY(cublasLtMatmulDescCreate(&plan.desc, compute_type(p.dtype), CUDA_R_32F));
+  LTA_LT_TRY(cublasLtMatmulDescCreate(&plan.desc, compute_type(p.dtype, p.tf32), CUDA_R_32F));
   const cublasOperation_t trans_a = p.a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t trans_b = p.b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   LTA_LT_TRY(set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, trans_a));
@@ -153,9 +154,11 @@ LtStatus build(LtPlan& plan, cublasLtHandle_t handle, bool* found) {
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a_layout, plan.b_layout, plan.d_layout, plan.d_layout,
                                      pref.pref, 1, &plan.heuristic, &returned);
-  // NOT_SUPPORTED means "no algorithm for this configuration": the caller falls back, it is not an error.
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+  // NOT_SUPPORTED / INVALID_VALUE from the heuristic: this cuBLASLt has no algorithm for (or does not accept) the
+  // configuration: the caller falls back, it is not an error.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
     *found = false;
+    *rejection = static_cast<int>(status);
     return {};
   }
   LTA_LT_TRY(status);
@@ -166,6 +169,7 @@ LtStatus build(LtPlan& plan, cublasLtHandle_t handle, bool* found) {
 struct PlanCache {
   std::mutex mutex;
   std::map<LtProblem, std::unique_ptr<LtPlan>> plans;  // a null entry: the heuristic found nothing
+  std::map<LtProblem, int> rejections;                 // for null entries: the heuristic's status (0: none)
 };
 
 PlanCache& plan_cache() {
@@ -175,7 +179,7 @@ PlanCache& plan_cache() {
 
 }  // namespace
 
-LtStatus cublaslt_plan(const LtProblem& problem, void* handle, LtPlan** plan) {
+LtStatus cublaslt_plan(const LtProblem& problem, void* handle, LtPlan** plan, int* rejection) {
   PlanCache& cache = plan_cache();
   const std::lock_guard<std::mutex> lock(cache.mutex);
   auto it = cache.plans.find(problem);
@@ -183,11 +187,14 @@ LtStatus cublaslt_plan(const LtProblem& problem, void* handle, LtPlan** plan) {
     auto created = std::make_unique<LtPlan>();
     created->problem = problem;
     bool found = false;
-    const LtStatus status = build(*created, static_cast<cublasLtHandle_t>(handle), &found);
+    int rejected = 0;
+    const LtStatus status = build(*created, static_cast<cublasLtHandle_t>(handle), &found, &rejected);
     if (!status.ok()) return status;  // not cached: a transient failure may succeed next time
+    if (!found) cache.rejections[problem] = rejected;
     it = cache.plans.emplace(problem, found ? std::move(created) : nullptr).first;
   }
   *plan = it->second.get();
+  if (rejection != nullptr) *rejection = *plan == nullptr ? cache.rejections[problem] : 0;
   return {};
 }
 

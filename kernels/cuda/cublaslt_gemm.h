@@ -41,6 +41,7 @@ struct LtMatrix {
 struct LtProblem {
   int device = 0;
   DType dtype = DType::kFloat32;
+  bool tf32 = false;  // fp32 only: compute in TF32 (CUBLAS_COMPUTE_32F_FAST_TF32) instead of full fp32
   LtEpilogue epilogue = LtEpilogue::kDefault;
   int64_t m = 0, n = 0, k = 0;
   LtMatrix a, b;
@@ -48,7 +49,7 @@ struct LtProblem {
   int64_t max_workspace_bytes = 0;
   int64_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0, align_aux = 0;
   auto key() const {
-    return std::tie(device, dtype, epilogue, m, n, k, a.rows, a.cols, a.ld, a.transpose, b.rows, b.cols, b.ld,
+    return std::tie(device, dtype, tf32, epilogue, m, n, k, a.rows, a.cols, a.ld, a.transpose, b.rows, b.cols, b.ld,
                     b.transpose, aux_ld, max_workspace_bytes, align_a, align_b, align_d, align_bias, align_aux);
   }
   bool operator<(const LtProblem& other) const { return key() < other.key(); }
@@ -76,9 +77,11 @@ struct LtStatus {
 struct LtPlan;
 
 /// Finds the cached plan of `problem` or creates it (descriptors + cublasLtMatmulAlgoGetHeuristic) with
-/// `handle` (a cublasLtHandle_t). *plan is set to null when the heuristic has no algorithm; that answer is cached
-/// too. Thread-safe (one mutex-guarded map). Host only: no device work, no sync.
-LtStatus cublaslt_plan(const LtProblem& problem, void* handle, LtPlan** plan);
+/// `handle` (a cublasLtHandle_t). *plan is set to null when the heuristic has no algorithm or rejects the
+/// configuration (NOT_SUPPORTED, INVALID_VALUE: an epilogue / layout / dtype combination this cuBLASLt does not
+/// take); that answer is cached too, and *rejection receives the status (0 when it simply found nothing).
+/// Thread-safe (one mutex-guarded map). Host only: no device work, no sync.
+LtStatus cublaslt_plan(const LtProblem& problem, void* handle, LtPlan** plan, int* rejection = nullptr);
 
 /// Workspace bytes the plan's algorithm needs (<= problem.max_workspace_bytes).
 int64_t cublaslt_plan_workspace_bytes(const LtPlan& plan);
