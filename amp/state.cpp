@@ -247,6 +247,7 @@ void State::attach(ddp::DistributedDataParallel& ddp) {
               "amp: attach() got a DistributedDataParallel that wraps a different module than the one "
               "amp::initialize prepared; wrap the initialized module itself");
   slot_of_.clear();
+  bucket_scale_ = at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
   for (size_t i = 0; i < slots_.size(); ++i) slot_of_[slots_[i].model.unsafeGetTensorImpl()] = static_cast<int64_t>(i);
   ddp.set_bucket_consumer([weak = weak_from_this()](const ddp::ReducedBucket& bucket) {
     const std::shared_ptr<State> state = weak.lock();
@@ -309,8 +310,9 @@ bool State::consume_bucket(const ddp::ReducedBucket& bucket) {
     }
   }
   if (!src.empty()) {
-    const at::Tensor scale = s.inv_scale() * bucket.average_scale;
-    kernels::scaled_copy_(src, dst, scale, s.found_inf(), s.first_nonfinite_index(), index);
+    // average * inv_scale in a tensor kept for the purpose: no allocation per bucket, no host read of the scale.
+    bucket_scale_.copy_(s.inv_scale()).mul_(bucket.average_scale);
+    kernels::scaled_copy_(src, dst, bucket_scale_, s.found_inf(), s.first_nonfinite_index(), index);
   }
   for (size_t k = 0; k < scratch.size(); ++k) slots_[scratch_slot[k]].master.mutable_grad().add_(scratch[k]);
   for (const int64_t i : master_slot) slots_[i].model.mutable_grad() = at::Tensor();  // folded into the master's

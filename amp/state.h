@@ -114,6 +114,7 @@ class State : public std::enable_shared_from_this<State> {
   };
   std::vector<ConsumedGrad> consumed_direct_;                    // per slot
   std::unordered_map<const c10::TensorImpl*, int64_t> slot_of_;  // model tensor -> slot, for consume_bucket
+  at::Tensor bucket_scale_;  // consume_bucket's average * inv_scale (1-element fp32 on the device)
   int64_t steps_ = 0;
   std::vector<int64_t> last_logged_step_;
   std::vector<int64_t> overflows_since_log_;

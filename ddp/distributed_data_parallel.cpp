@@ -167,6 +167,7 @@ class DistributedDataParallel::Impl {
     std::vector<int64_t> reverse_registration(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) reverse_registration[i] = static_cast<int64_t>(params_.size() - 1 - i);
     build_buckets(reverse_registration);
+    rebuilt_ = !options_.rebuild_buckets();  // the layout is final: nothing to record or agree on
     register_hooks();
     if (!params_.empty() && params_.front().tensor.is_cuda()) {
       const c10::Device device = params_.front().tensor.device();
@@ -186,8 +187,7 @@ class DistributedDataParallel::Impl {
       // Only in a training forward after this rank's first complete synchronized backward: synchronized backward
       // passes are collective, so every rank reaches this point in the same forward, and an eval or no_sync
       // forward stays free of collectives (as without rebuild_buckets).
-      if (options_.rebuild_buckets() && !rebuilt_ && !observed_order_.empty() && sync_enabled_ &&
-          c10::GradMode::is_enabled()) {
+      if (!rebuilt_ && !observed_order_.empty() && sync_enabled_ && c10::GradMode::is_enabled()) {
         rebuild_buckets();
       }
     }
@@ -362,8 +362,8 @@ class DistributedDataParallel::Impl {
     std::vector<at::Tensor> grads;
     grads.reserve(b.params.size());
     for (int64_t pi : b.params) {
-      // A parameter can be "ready" with no gradient (a custom autograd function returned none for it): zeros.
-      // (finish_backward gives unused parameters zeros before launching late buckets.)
+      // An unused parameter (find_unused_parameters), or one "ready" without a gradient (a custom autograd function
+      // returned none for it), contributes zeros.
       at::Tensor& param = params_[pi].tensor;
       if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
       grads.push_back(param.grad());
@@ -407,11 +407,8 @@ class DistributedDataParallel::Impl {
         if (!params_[i].ready) observed_order_.push_back(i);
       }
     }
-    // Unused parameters get zero gradients here, on the caller's stream, before anything is read or written on
-    // the communication stream.
-    for (Param& p : params_) {
-      if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-    }
+    // Late buckets (with unused parameters) go out now; launch() gives a parameter without gradient zeros, on the
+    // caller's stream, before anything is read or written on the communication stream.
     launch_ready_buckets();
 
     // CUDA: waits for the allreduces and writes back on the communication stream; the caller's stream waits for
