@@ -1,5 +1,6 @@
 // amp with the tutorial's first way (ddp::DataParallel): replicas of an amp-initialized model train it exactly as
 // the unreplicated model does, under every opt level. On the CPU the two replicas share the CPU (two threads).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,8 @@ TEST_P(AmpDataParallelTest, ReplicatedStepsTrainLikeTheUnreplicatedModel) {
   auto [model_plain, opt_plain] = amp::initialize(plain, sgd_plain, options);
   auto [model_replicated, opt_replicated] = amp::initialize(replicated, sgd_replicated, options);
   ddp::DataParallel<NetImpl> dp(replicated, ddp::DataParallelOptions().devices({torch::kCPU, torch::kCPU}));
+  std::vector<torch::Tensor> initial;
+  for (const auto& p : sgd_plain.param_groups()[0].params()) initial.push_back(p.detach().to(torch::kFloat).clone());
 
   for (int step = 0; step < 3; ++step) {
     const torch::Tensor x = torch::randn({10, 12}), y = torch::randn({10, 4});
@@ -53,14 +56,25 @@ TEST_P(AmpDataParallelTest, ReplicatedStepsTrainLikeTheUnreplicatedModel) {
     }
   }
   // The same parameters up to the rounding of split half matmuls and of the replicas' summed gradients. (That
-  // the replicas really ran under O1's autocast is checked directly below.)
+  // the replicas really ran under O1's autocast is checked directly below.) The bound follows the precision the
+  // gradients are summed in: fp32 under O0; bf16 gradients (8 significant bits) under O1-O2; and under O3 the
+  // parameters themselves are bf16, each step rounds them again, and momentum carries the difference on. Measured
+  // over 250 random seeds, the worst difference was 0.0% (O0), 42% (O1), 72% (O2) and 110% (O3) of a (1e-2, 1e-3)
+  // bound, so O1-O2 get twice and O3 four times that bound. Real faults are far larger: a replica's gradient lost or
+  // counted twice moves a parameter by about as much as training did (>= 0.04 here).
+  const double widen = GetParam() == amp::OptLevel::O0 ? 0.1 : GetParam() == amp::OptLevel::O3 ? 4.0 : 2.0;
+  const double rtol = 1e-2 * widen, atol = 1e-3 * widen;
   const auto a = sgd_plain.param_groups()[0].params(), b = sgd_replicated.param_groups()[0].params();
   ASSERT_EQ(a.size(), b.size());
+  double moved = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const torch::Tensor pa = a[i].to(torch::kFloat), pb = b[i].to(torch::kFloat);  // O3 steps bf16 parameters
-    EXPECT_TRUE(torch::allclose(pa, pb, 1e-2, 1e-3))
+    EXPECT_TRUE(torch::allclose(pa, pb, rtol, atol))
         << "parameter " << i << " differs by " << (pa - pb).abs().max().item<double>();
+    moved = std::max(moved, (pa - initial[i]).abs().max().item<double>());
   }
+  EXPECT_GT(moved, 5 * atol) << "training must move the parameters well past the bound for the comparison to mean "
+                                 "anything";
 }
 
 TEST(AmpDataParallelTest, UnderO1EveryReplicaComputesInTheHalfDtype) {
