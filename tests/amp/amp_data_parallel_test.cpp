@@ -74,7 +74,7 @@ TEST_P(AmpDataParallelTest, ReplicatedStepsTrainLikeTheUnreplicatedModel) {
     moved = std::max(moved, (pa - initial[i]).abs().max().item<double>());
   }
   EXPECT_GT(moved, 5 * atol) << "training must move the parameters well past the bound for the comparison to mean "
-                                 "anything";
+                                "anything";
 }
 
 TEST(AmpDataParallelTest, UnderO1EveryReplicaComputesInTheHalfDtype) {
