@@ -86,9 +86,10 @@ class Optimizer {
   /// communication stream, straight into the gradients the optimizer reads (fp32 masters under O2). Gradients are
   /// reduced while still scaled, so an inf or NaN on any rank reaches every rank through the sum: every rank sets
   /// the same found_inf with no extra collective and skips the same step. Without attach() the same results come
-  /// from a second pass over all gradients when the scale_loss scope ends. The last attach() wins; `ddp` may be
-  /// destroyed first. Backward passes outside a scale_loss scope, or with delay_unscale=true, get DDP's plain
-  /// average.
+  /// from a second pass over all gradients when the scale_loss scope ends. Buckets the fused kernels do not take
+  /// (a non-contiguous gradient, allreduce_dtype(kDouble)) get DDP's own write-back and are unscaled at the scope's
+  /// end. `ddp` may be destroyed first. Backward passes outside a scale_loss scope, or with delay_unscale=true, get
+  /// DDP's plain average.
   void attach(ddp::DistributedDataParallel& ddp) { state_->attach(ddp); }
   torch::optim::Optimizer& inner() { return state_->optimizer(); }
   /// The loss scaler of `loss_id` (scale, diagnostics, device tensors).
@@ -141,8 +142,9 @@ Initialized<ModuleHolder> initialize(ModuleHolder module, torch::optim::Optimize
 /// out of scope after backward(), the gradients are unscaled and checked (into the fp32 masters' gradients
 /// under master weights), and the loss scale is updated; the next optimizer.step() skips on overflow.
 /// delay_unscale=true leaves the gradients scaled so several backward passes accumulate them (the scale does
-/// not move meanwhile); the last one of the accumulation uses false. If an exception leaves the scope, nothing
-/// is unscaled.
+/// not move meanwhile); the last one of the accumulation uses false. If an exception leaves the scope, the
+/// scope's end does nothing (with Optimizer::attach, buckets DDP reduced before the exception were already
+/// unscaled): zero_grad() before the next step.
 class ScaledLoss {
  public:
   ScaledLoss(Optimizer& optimizer, const at::Tensor& loss, int64_t loss_id, bool delay_unscale);

@@ -13,6 +13,7 @@
 
 #include <amp/fused_optimizer.h>
 #include <amp/model_cast.h>
+#include <ddp/bucket_copy.h>
 #include <ddp/distributed_data_parallel.h>
 #include <kernels/scaled_copy.h>
 #include <kernels/unscale.h>
@@ -180,6 +181,18 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
     return;
   }
   LossScaler& s = scaler(loss_id);
+  // Gradients unscaled in place by consume_bucket must not have changed since (that would mix scales): checked for
+  // all of them before anything is written, so a refusal leaves every gradient as it was.
+  for (size_t i = 0; i < consumed_direct_.size(); ++i) {
+    const at::Tensor& grad = slots_[i].model.grad();
+    if (consumed_direct_[i].grad == nullptr || !grad.defined()) continue;
+    TORCH_CHECK(
+        grad.unsafeGetTensorImpl() == consumed_direct_[i].grad && grad._version() == consumed_direct_[i].version,
+        "amp: the gradient of '", slots_[i].name,
+        "' changed after DDP's reduced bucket was unscaled into it in this scale_loss scope (a backward under "
+        "no_sync after a synchronized one?), which would mix unscaled and scaled values. Run the scope's earlier "
+        "backward passes under no_sync, or give them their own scope with delay_unscale=true.");
+  }
   // Two fused calls: masterless gradients are unscaled in place; half gradients are unscaled in fp32 straight
   // into their masters' gradients. Both record slot indices, so a recorded index names a parameter.
   std::vector<at::Tensor> direct, model_grads, master_targets, scratch_of;
@@ -187,18 +200,11 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     auto& slot = slots_[i];
     if (!slot.model.grad().defined()) continue;  // none, or folded into the master by consume_bucket
-    if (i < consumed_direct_.size() && consumed_direct_[i].grad != nullptr) {
-      // Unscaled in place by consume_bucket; it must not have changed since (that would mix scales).
-      const at::Tensor& grad = slot.model.grad();
-      TORCH_CHECK(
-          grad.unsafeGetTensorImpl() == consumed_direct_[i].grad && grad._version() == consumed_direct_[i].version,
-          "amp: the gradient of '", slot.name,
-          "' changed after DDP's reduced bucket was unscaled into it in this "
-          "scale_loss scope (a backward under no_sync after a synchronized one?), which would mix unscaled and "
-          "scaled values. Run the scope's earlier backward passes under no_sync, or give them their own scope "
-          "with delay_unscale=true.");
-      continue;
-    }
+    if (i < consumed_direct_.size() && consumed_direct_[i].grad != nullptr) continue;  // unscaled by consume_bucket
+    // The fused kernels take contiguous tensors: a gradient laid out like a non-contiguous parameter (stored
+    // transposed, channels_last) is replaced by a contiguous copy, which backward keeps accumulating into.
+    at::Tensor& grad = slot.model.mutable_grad();
+    if (!grad.is_contiguous()) grad = grad.contiguous();
     if (!slot.has_master) {
       direct.push_back(slot.model.grad());
       direct_index.push_back(static_cast<int64_t>(i));
@@ -256,11 +262,29 @@ void State::attach(ddp::DistributedDataParallel& ddp) {
 }
 
 bool State::consume_bucket(const ddp::ReducedBucket& bucket) {
-  // Outside a scale_loss scope, or accumulating scaled gradients (delay_unscale): a plain average. Buffers in a
-  // dtype the fused kernel does not take (allreduce_dtype(kDouble)) too: the scope's end unscales them.
+  // Outside a scale_loss scope, or accumulating scaled gradients (delay_unscale): a plain average.
   if (active_loss_id_ < 0 || active_delay_unscale_) return false;
-  const c10::ScalarType wire = bucket.buffer.scalar_type();
-  if (wire != at::kFloat && wire != at::kHalf && wire != at::kBFloat16) return false;
+  // Checked for the whole bucket before anything is written, so declining or refusing leaves every gradient as it
+  // was. A bucket the fused kernels cannot write (allreduce_dtype(kDouble), or a gradient written in place that is
+  // non-contiguous) is declined: DDP writes it back tensor by tensor and the scope's end unscales it.
+  std::vector<int64_t> slot_at(bucket.params.size(), -1);  // the optimizer's slot of each entry, -1 for none
+  std::vector<at::Tensor> in_place;                        // gradients the fused pass would write
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const auto it = slot_of_.find(bucket.params[k].unsafeGetTensorImpl());
+    if (it != slot_of_.end()) slot_at[k] = it->second;
+    if (slot_at[k] < 0 || !slots_[slot_at[k]].has_master) in_place.push_back(bucket.grads[k]);
+  }
+  if (!ddp::detail::fusable(bucket.buffer, in_place)) return false;
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    if (slot_at[k] < 0) continue;
+    const ParamSlot& slot = slots_[slot_at[k]];
+    // A second synchronized backward in the same scope would find this gradient already unscaled, add its
+    // scaled local gradient to it, and reduce the mix: refuse rather than compute a wrong average.
+    TORCH_CHECK(slot.has_master || consumed_direct_[slot_at[k]].grad == nullptr,
+                "amp: a second synchronized backward pass inside one scale_loss scope reached '", slot.name,
+                "' (which has no fp32 master) after DDP's bucket had been unscaled into it. Run the scope's earlier "
+                "backward passes under no_sync, or give them their own scope with delay_unscale=true.");
+  }
   LossScaler& s = scaler(active_loss_id_);
   // One fused pass per bucket: the reduced sum times (average_scale * inv_scale), checked, written to the
   // optimizer's gradient (in place for direct parameters, fp32 into the master's for half ones).
@@ -271,27 +295,16 @@ bool State::consume_bucket(const ddp::ReducedBucket& bucket) {
     const at::Tensor& grad = bucket.grads[k];
     at::Tensor reduced = bucket.buffer.narrow(0, offset, grad.numel());
     offset += grad.numel();
-    const auto it = slot_of_.find(bucket.params[k].unsafeGetTensorImpl());
-    if (it == slot_of_.end()) {  // a parameter the optimizer does not update: the average, as DDP would write it
+    const int64_t i = slot_at[k];
+    if (i < 0) {  // a parameter the optimizer does not update: the average, as DDP would write it
       plain_src.push_back(reduced);
       plain_dst.push_back(grad);
       continue;
     }
-    const int64_t i = it->second;
     ParamSlot& slot = slots_[i];
     src.push_back(reduced);
     index.push_back(i);
     if (!slot.has_master) {
-      // A second synchronized backward in the same scope would find this gradient already unscaled, add its
-      // scaled local gradient to it, and reduce the mix: refuse rather than compute a wrong average.
-      TORCH_CHECK(
-          consumed_direct_[i].grad == nullptr,
-          "amp: a second synchronized backward pass inside one "
-          "scale_loss scope reached '",
-          slot.name,
-          "' (which has no fp32 master) after DDP's bucket had been "
-          "unscaled into it. Run the scope's earlier backward passes under no_sync, or give them their own scope "
-          "with delay_unscale=true.");
       consumed_direct_[i] = ConsumedGrad{grad.unsafeGetTensorImpl(), grad._version()};
       dst.push_back(grad);
       continue;

@@ -22,9 +22,8 @@ void check_layout(const at::Tensor& bucket, at::TensorList tensors) {
 
 bool is_kernel_dtype(c10::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
-/// Gradient buckets (floating, contiguous) take the fused path: one launch per dtype group for the whole bucket
-/// (kernels::flatten_into_ / unflatten_from_, fp32 arithmetic). Anything else (integer buffers such as
-/// BatchNorm's num_batches_tracked, non-contiguous gradients) is copied tensor by tensor.
+}  // namespace
+
 bool fusable(const at::Tensor& bucket, at::TensorList tensors) {
   if (!is_kernel_dtype(bucket.scalar_type())) return false;
   for (const at::Tensor& t : tensors) {
@@ -32,8 +31,6 @@ bool fusable(const at::Tensor& bucket, at::TensorList tensors) {
   }
   return true;
 }
-
-}  // namespace
 
 void copy_into_bucket(const at::Tensor& bucket, at::TensorList tensors, double scale) {
   check_layout(bucket, tensors);

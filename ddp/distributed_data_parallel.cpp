@@ -420,19 +420,20 @@ class DistributedDataParallel::Impl {
       on_comm_stream.emplace(*comm_stream_);
     }
     struct JoinCallerStream {
+      std::optional<c10::Event>& done;  // kept by DDP: no event created per backward
       const std::optional<c10::Stream>& comm;
       const std::optional<c10::Stream>& caller;
       ~JoinCallerStream() {
         if (!comm) return;
         try {
-          c10::Event done(comm->device_type());
-          done.record(*comm);
-          done.block(*caller);
+          if (!done) done.emplace(comm->device_type());
+          done->record(*comm);
+          done->block(*caller);
         } catch (const std::exception& e) {  // a destructor must not throw; the CUDA error resurfaces at the next call
           TORCH_WARN("DistributedDataParallel: could not order the caller's stream after the write-back: ", e.what());
         }
       }
-    } join{comm_stream_, caller_stream};
+    } join{join_event_, comm_stream_, caller_stream};
 
     const double average_scale = options_.gradient_predivide_factor() / static_cast<double>(pg_.size());
     for (size_t i = 0; i < buckets_.size(); ++i) {
@@ -443,9 +444,24 @@ class DistributedDataParallel::Impl {
         reduced.params.push_back(params_[pi].tensor);
         reduced.grads.push_back(params_[pi].tensor.grad());
       }
-      const bool consumed = bucket_consumer_ && bucket_consumer_(reduced);
-      if (!consumed) detail::copy_from_bucket(b.buffer, reduced.grads, average_scale);
-      if (bucket_reduced_hook_) bucket_reduced_hook_(reduced);
+      try {
+        const bool consumed = bucket_consumer_ && bucket_consumer_(reduced);
+        if (!consumed) detail::copy_from_bucket(b.buffer, reduced.grads, average_scale);
+        if (bucket_reduced_hook_) bucket_reduced_hook_(reduced);
+      } catch (...) {
+        // The collectives are healthy (every rank's consumer refuses alike): let the later buckets' allreduces
+        // finish before the buffers can be written again by the next backward. A failed wait (the group itself
+        // is broken) is only reported; the consumer's error is the one that surfaces.
+        for (size_t j = i + 1; j < buckets_.size(); ++j) {
+          if (!buckets_[j].work) continue;
+          try {
+            pg_.wait(buckets_[j].work, bucket_name(j));
+          } catch (const std::exception& e) {
+            TORCH_WARN("DistributedDataParallel: while unwinding: ", e.what());
+          }
+        }
+        throw;
+      }
     }
   }
 
@@ -471,6 +487,7 @@ class DistributedDataParallel::Impl {
   std::vector<int64_t> observed_order_;  // the order of the last complete synchronized pass, until rebuilt
   bool rebuilt_ = false;
   std::optional<c10::Stream> comm_stream_;  // CUDA only
+  std::optional<c10::Event> join_event_;    // orders the caller's stream after the write-back (CUDA only)
 };
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,

@@ -46,7 +46,7 @@ INSTANTIATE_TEST_SUITE_P(BucketUnscale, AmpDdpTest, ::testing::Values(true, fals
                          [](const auto& info) { return info.param ? "Attached" : "AtScopeEnd"; });
 
 TEST_P(AmpDdpTest, InfOnOneRankMakesEveryRankSkipTheSameStep) {
-  if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
+  LTA_REQUIRE_GLOO();
   const bool attach = GetParam();
   ddp::spawn(2, [attach](int rank, int) {
     const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(20)));
@@ -127,21 +127,25 @@ std::vector<torch::Tensor> train(const ddp::ProcessGroup& group, int rank, bool 
   return masters;
 }
 
+/// Still inside the scale_loss scope after an attached backward: the consumer already wrote unscaled fp32 master
+/// gradients and released the half model gradients, bucket by bucket during backward.
+void check_consumed_during_backward(amp::Optimizer& optimizer, int rank) {
+  for (const auto& slot : optimizer.state().slots()) {
+    TORCH_CHECK(slot.has_master && slot.master.grad().defined() && !slot.model.grad().defined(), "rank ", rank, ": ",
+                slot.name, " was not consumed during backward");
+    TORCH_CHECK(slot.master.grad().abs().max().item<float>() < 100.0f, "rank ", rank, ": ", slot.name,
+                "'s master gradient still carries the loss scale");
+  }
+}
+
 TEST(AmpDdpAttachTest, BucketsAreUnscaledDuringBackwardIntoMastersAndTrainLikeTheEndOfScopePass) {
-  if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
+  LTA_REQUIRE_GLOO();
   ddp::spawn(2, [](int rank, int) {
     at::set_num_threads(1);
     const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(20)));
     int checked = 0;
     const auto attached = train(group, rank, true, 4, [&](amp::Optimizer& optimizer) {
-      // Still inside the scale_loss scope: the consumer already wrote unscaled fp32 master gradients and released
-      // the bf16 model gradients, bucket by bucket during backward.
-      for (const auto& slot : optimizer.state().slots()) {
-        TORCH_CHECK(slot.has_master && slot.master.grad().defined() && !slot.model.grad().defined(), "rank ", rank,
-                    ": ", slot.name, " was not consumed during backward");
-        TORCH_CHECK(slot.master.grad().abs().max().item<float>() < 100.0f, "rank ", rank, ": ", slot.name,
-                    "'s master gradient still carries the loss scale");
-      }
+      check_consumed_during_backward(optimizer, rank);
       ++checked;
     });
     TORCH_CHECK(checked == 4, "the in-scope check ran ", checked, " times");
@@ -170,16 +174,18 @@ TEST(AmpDdpAttachTest, OnTheGpuBucketsAreUnscaledOnTheCommunicationStreamLikeAtS
       std::ofstream(dir.file("no_gpu")) << "none";
       return;
     }
-    const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().backend("nccl").cuda_device(0));
+    const ddp::ProcessGroup group =
+        ddp::init_process_group(ddp::InitOptions().backend("nccl").cuda_device(0).timeout(ddp_test::kTestTimeout));
     const torch::Device cuda(torch::kCUDA, 0);
-    int consumed = 0;
+    int checked = 0;
     const auto attached = train(
         group, rank, true, 4,
         [&](amp::Optimizer& optimizer) {
-          for (const auto& slot : optimizer.state().slots()) consumed += slot.master.grad().defined() ? 1 : 0;
+          check_consumed_during_backward(optimizer, rank);
+          ++checked;
         },
         cuda, torch::kHalf);
-    TORCH_CHECK(consumed > 0, "no master gradient was written during backward");
+    TORCH_CHECK(checked == 4, "the in-scope check ran ", checked, " times");
     const auto at_scope_end = train(group, rank, false, 4, nullptr, cuda, torch::kHalf);
     for (size_t i = 0; i < attached.size(); ++i) {
       TORCH_CHECK(torch::allclose(attached[i], at_scope_end[i], 1e-2, 1e-3), "master ", i, " differs by ",
@@ -190,24 +196,21 @@ TEST(AmpDdpAttachTest, OnTheGpuBucketsAreUnscaledOnTheCommunicationStreamLikeAtS
 }
 
 TEST(AmpDdpAttachTest, MixingUnscaledAndScaledMasterlessGradientsInOneScopeIsRefused) {
-  if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
+  LTA_REQUIRE_GLOO();
   ddp::spawn(2, [](int rank, int) {
     const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().timeout(std::chrono::seconds(20)));
     torch::manual_seed(1);
     Net net;  // O1: fp32 parameters, no masters: the consumer unscales .grad in place
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
     auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O1));
-    ddp::DistributedDataParallel ddp_net(net, group);
+    // One parameter per bucket: a refusal in the first bucket leaves the later ones' allreduces in flight, and DDP
+    // must let them finish before the next backward writes the buckets again.
+    ddp::DistributedDataParallel ddp_net(
+        net, group, ddp::DistributedDataParallelOptions().first_bucket_mb(1e-6).bucket_cap_mb(1e-6));
+    TORCH_CHECK(ddp_net.buckets().size() > 1, "the test needs several buckets");
     optimizer.attach(ddp_net);
     const auto x = torch::randn({4, 8}, at::make_generator<at::CPUGeneratorImpl>(5 + rank));
-    auto error_of = [&](const std::function<void()>& fn) -> std::string {
-      try {
-        fn();
-      } catch (const c10::Error& e) {
-        return e.what_without_backtrace();
-      }
-      return "";
-    };
+    using ddp_test::error_of;
     // Two synchronized backward passes in one scope.
     const std::string twice = error_of([&] {
       auto out = model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, x);
@@ -240,11 +243,64 @@ TEST(AmpDdpAttachTest, MixingUnscaledAndScaledMasterlessGradientsInOneScopeIsRef
     }
     optimizer.step();
     TORCH_CHECK(!optimizer.scaler().diagnostics_now().found_inf, "rank ", rank, ": unexpected overflow");
+    TORCH_CHECK(divergence_from_rank0(group, net->parameters()) == 0.0, "rank ", rank, ": parameters diverged");
+  });
+}
+
+/// A parameter stored transposed: dense but non-contiguous, and autograd lays its gradient out alike, so DDP
+/// copies it through the bucket tensor by tensor.
+struct TransposedNetImpl : torch::nn::Module {
+  TransposedNetImpl() {
+    w = register_parameter("w", torch::randn({2, 8}).t());
+    fc = register_module("fc", torch::nn::Linear(8, 2));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc(x) + x.matmul(w); }
+  torch::Tensor w;
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(TransposedNet);
+
+TEST(AmpDdpAttachTest, NonContiguousGradientsTrainLikeTheEndOfScopePass) {
+  LTA_REQUIRE_GLOO();
+  ddp::spawn(2, [](int rank, int) {
+    const ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().timeout(ddp_test::kTestTimeout));
+    // O1 writes the unscaled average into .grad in place (a non-contiguous one is left to DDP's write-back and the
+    // scope's end); O2 writes it into contiguous fp32 master gradients, whatever the model gradient's layout.
+    for (const amp::OptLevel level : {amp::OptLevel::O1, amp::OptLevel::O2}) {
+      std::vector<std::vector<torch::Tensor>> grads(2);
+      for (const bool attach : {true, false}) {
+        torch::manual_seed(3);
+        TransposedNet net;
+        TORCH_CHECK(!net->w.is_contiguous(), "the test needs a non-contiguous parameter");
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+        auto [model, optimizer] =
+            amp::initialize(net, sgd, amp::Options().opt_level(level).half_dtype(torch::kBFloat16));
+        ddp::DistributedDataParallel ddp_net(net, group);
+        if (attach) optimizer.attach(ddp_net);
+        const auto x = torch::randn({4, 8}, at::make_generator<at::CPUGeneratorImpl>(7 + rank));
+        {
+          auto out = model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, x);
+          auto scaled = amp::scale_loss(out.pow(2).mean(), optimizer);
+          scaled.backward();
+        }
+        for (const auto& slot : optimizer.state().slots()) {
+          const torch::Tensor& g = slot.has_master ? slot.master.grad() : slot.model.grad();
+          TORCH_CHECK(g.defined(), "rank ", rank, ": ", slot.name, " has no gradient");
+          grads[attach ? 0 : 1].push_back(g.to(torch::kFloat).contiguous());
+        }
+      }
+      TORCH_CHECK(grads[0].size() == grads[1].size(), "gradient counts differ");
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        TORCH_CHECK(torch::allclose(grads[0][i], grads[1][i], 2e-2, 2e-3), "rank ", rank, ", O",
+                    static_cast<int>(level), ": gradient ", i, " differs by ",
+                    (grads[0][i] - grads[1][i]).abs().max().item<double>());
+      }
+    }
   });
 }
 
 TEST(AmpDdpAttachTest, AttachingADdpOfAnotherModuleIsAnError) {
-  if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
+  LTA_REQUIRE_GLOO();
   ddp::spawn(1, [](int, int) {
     const ddp::ProcessGroup group = ddp::init_process_group();
     Net net, other;

@@ -19,6 +19,7 @@ namespace {
 
 using ddp_test::contains_all;
 using ddp_test::error_of;
+using ddp_test::grads_of;
 
 /// What each replica saw when it ran: its thread, autocast state, grad mode.
 struct Observations {
@@ -52,12 +53,6 @@ struct NetImpl : torch::nn::Cloneable<NetImpl> {
 TORCH_MODULE(Net);
 
 const std::vector<torch::Device> kTwoCpuReplicas = {torch::kCPU, torch::kCPU};
-
-std::vector<torch::Tensor> grads_of(const torch::nn::Module& m) {
-  std::vector<torch::Tensor> g;
-  for (const auto& p : m.parameters()) g.push_back(p.grad().clone());
-  return g;
-}
 
 TEST(DataParallelTest, TwoReplicasGiveTheModulesOutputAndFullBatchGradients) {
   const uint64_t seed = test_util::fresh_seed();
@@ -122,11 +117,14 @@ TEST(DataParallelTest, TheFirstReplicasBatchNormStatisticsAreWrittenBackToTheMod
 
 TEST(DataParallelTest, ABatchSmallerThanTheReplicasUsesFewerReplicas) {
   torch::manual_seed(test_util::fresh_seed());
-  Net net;
+  auto seen = std::make_shared<Observations>();
+  Net net(seen);
   net->eval();
   ddp::DataParallel<NetImpl> dp(net, ddp::DataParallelOptions().devices({torch::kCPU, torch::kCPU, torch::kCPU}));
   const torch::Tensor x = torch::randn({1, 6});
-  EXPECT_TRUE(torch::allclose(dp.forward(x), net->forward(x)));
+  const torch::Tensor out = dp.forward(x);
+  EXPECT_EQ(seen->threads.size(), 1u) << "one sample runs one replica";
+  EXPECT_TRUE(torch::allclose(out, net->forward(x)));
 }
 
 TEST(DataParallelTest, BadInputIsAnErrorNamingIt) {

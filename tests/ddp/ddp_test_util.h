@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 #include <ddp/process_group.h>
 #include <gtest/gtest.h>
+#include <torch/nn/module.h>
 
 /// Skips the current test, with the reason, when this build has no Gloo backend (gloo's headers were missing).
 #define LTA_REQUIRE_GLOO()                                                                                         \
@@ -39,6 +40,13 @@ inline std::string error_of(const std::function<void()>& fn) {
   }
   ADD_FAILURE() << "expected an exception";
   return "";
+}
+
+/// Copies of the parameters' gradients, in registration order.
+inline std::vector<torch::Tensor> grads_of(const torch::nn::Module& m) {
+  std::vector<torch::Tensor> g;
+  for (const auto& p : m.parameters()) g.push_back(p.grad().clone());
+  return g;
 }
 
 /// True when `text` contains every fragment; for use inside EXPECT_TRUE with the text printed on failure.

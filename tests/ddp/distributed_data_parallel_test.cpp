@@ -18,6 +18,7 @@ namespace {
 
 using ddp_test::contains_all;
 using ddp_test::error_of;
+using ddp_test::grads_of;
 using ddp_test::kTestTimeout;
 using Clock = std::chrono::steady_clock;
 
@@ -62,12 +63,6 @@ Data make_data(uint64_t seed, int64_t batch = kBatch) {
 Data shard(const Data& d, int rank, int world) {
   const int64_t per = d.x.size(0) / world;
   return {d.x.narrow(0, rank * per, per), d.y.narrow(0, rank * per, per)};
-}
-
-std::vector<torch::Tensor> grads_of(const torch::nn::Module& m) {
-  std::vector<torch::Tensor> g;
-  for (const auto& p : m.parameters()) g.push_back(p.grad().clone());
-  return g;
 }
 
 /// Full-batch gradients of the single-process reference (rank 0's initialization).

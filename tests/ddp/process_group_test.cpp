@@ -113,8 +113,9 @@ TEST(ProcessGroupTest, UnreachableMasterIsAnErrorWithinTheTimeout) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_TRUE(contains_all(
       message, {"rank 1 could not reach the master at MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port)}));
-  // TCPStore retries once a second, so allow that much beyond the timeout.
-  EXPECT_LT(elapsed, timeout + milliseconds(3000));
+  // An error, not a hang: TCPStore's client retries with a randomized back-off (0.8 s, then 3.3 s seen here, which
+  // once took 4.7 s in all for this 1.5 s timeout), so the bound leaves room for that, far below a hang.
+  EXPECT_LT(elapsed, timeout + milliseconds(10000));
 }
 
 TEST(ProcessGroupTest, MissingRanksAreAnErrorWithinTheTimeout) {

@@ -12,9 +12,9 @@
 #include <torch/torch.h>
 #ifdef LIBTORCH_AMP_HAVE_ZLIB
 #include <zlib.h>
+#endif
 
 #include "test_util.h"
-#endif
 
 namespace {
 

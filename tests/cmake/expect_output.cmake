@@ -1,0 +1,28 @@
+# cmake -DEXPECT=<regex> [-DTIMEOUT=<s>] -P expect_output.cmake -- <command> [args...]
+# Runs the command and passes only when it exits with 0 AND its output (stdout and stderr) matches EXPECT. ctest
+# ignores a test's exit code once PASS_REGULAR_EXPRESSION is set, so a regex alone would pass, say, a launcher
+# whose second worker failed after the first printed the expected line.
+set(_cmd)
+set(_take OFF)
+math(EXPR _last "${CMAKE_ARGC} - 1")
+foreach(_i RANGE ${_last})
+  if(_take)
+    list(APPEND _cmd "${CMAKE_ARGV${_i}}")
+  elseif("${CMAKE_ARGV${_i}}" STREQUAL "--")
+    set(_take ON)
+  endif()
+endforeach()
+if(NOT _cmd OR NOT DEFINED EXPECT)
+  message(FATAL_ERROR "expect_output: usage: cmake -DEXPECT=<regex> -P expect_output.cmake -- <command> [args...]")
+endif()
+if(NOT DEFINED TIMEOUT)
+  set(TIMEOUT 110)
+endif()
+execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out TIMEOUT ${TIMEOUT})
+message("${_out}")
+if(NOT "${_rc}" STREQUAL "0")
+  message(FATAL_ERROR "expect_output: the command exited with '${_rc}': ${_cmd}")
+endif()
+if(NOT "${_out}" MATCHES "${EXPECT}")
+  message(FATAL_ERROR "expect_output: the output does not match '${EXPECT}': ${_cmd}")
+endif()
