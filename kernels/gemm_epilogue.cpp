@@ -260,17 +260,12 @@ bool run_cublaslt(const at::Tensor& a, const at::Tensor& b, Epilogue e, const at
   const c10::cuda::CUDAGuard guard(a.device());
   const int64_t m = a.size(0);
   const int64_t n = b.size(1);
-  r.out = at::empty({m, n}, a.options());
-  void* bias_ptr = bias.defined() ? bias.data_ptr() : nullptr;
-  void* aux_ptr = gelu_input.defined() ? gelu_input.data_ptr() : nullptr;
-  if (e == Epilogue::kGeluAuxBias) {
-    r.pre_activation = at::empty({m, n}, a.options());
-    aux_ptr = r.pre_activation.data_ptr();
-  }
-  if (e == Epilogue::kDGeluBGrad || e == Epilogue::kBGradB) {
-    r.bias_grad = at::empty({e == Epilogue::kDGeluBGrad ? n : m}, a.options());
-    bias_ptr = r.bias_grad.data_ptr();
-  }
+  // The outputs (out, and pre_activation / bias_grad where the epilogue writes them) come fresh from the caching
+  // allocator, whose blocks are aligned far beyond what the key tracks: they are allocated only once a plan exists.
+  const bool writes_aux = e == Epilogue::kGeluAuxBias;
+  const bool writes_bias = e == Epilogue::kDGeluBGrad || e == Epilogue::kBGradB;
+  const void* in_bias = writes_bias || !bias.defined() ? nullptr : bias.data_ptr();
+  const void* in_aux = writes_aux || !gelu_input.defined() ? nullptr : gelu_input.data_ptr();
 
   cuda::LtProblem p;
   p.device = a.get_device();
@@ -287,9 +282,9 @@ bool run_cublaslt(const at::Tensor& a, const at::Tensor& b, Epilogue e, const at
   p.max_workspace_bytes = cublaslt_workspace_bytes(at::cuda::getDeviceProperties(p.device)->major);
   p.align_a = alignment_of(b.data_ptr());
   p.align_b = alignment_of(a.data_ptr());
-  p.align_d = alignment_of(r.out.data_ptr());
-  p.align_bias = bias_ptr != nullptr ? alignment_of(bias_ptr) : 0;
-  p.align_aux = aux_ptr != nullptr ? alignment_of(aux_ptr) : 0;
+  p.align_d = kMaxTrackedAlignmentBytes;
+  p.align_bias = writes_bias ? kMaxTrackedAlignmentBytes : in_bias != nullptr ? alignment_of(in_bias) : 0;
+  p.align_aux = writes_aux ? kMaxTrackedAlignmentBytes : in_aux != nullptr ? alignment_of(in_aux) : 0;
 
   void* handle = at::cuda::getCurrentCUDABlasLtHandle();
   cuda::LtPlan* plan = nullptr;
@@ -300,6 +295,17 @@ bool run_cublaslt(const at::Tensor& a, const at::Tensor& b, Epilogue e, const at
                                              cuda::cublaslt_status_name(rejection), ")")
                                   : "cuBLASLt's heuristic has no algorithm for this shape, dtype and epilogue";
     return false;
+  }
+  r.out = at::empty({m, n}, a.options());
+  void* bias_ptr = const_cast<void*>(in_bias);
+  void* aux_ptr = const_cast<void*>(in_aux);
+  if (writes_aux) {
+    r.pre_activation = at::empty({m, n}, a.options());
+    aux_ptr = r.pre_activation.data_ptr();
+  }
+  if (writes_bias) {
+    r.bias_grad = at::empty({e == Epilogue::kDGeluBGrad ? n : m}, a.options());
+    bias_ptr = r.bias_grad.data_ptr();
   }
   // The caching allocator ties the block to the current stream, so freeing it when this call returns is safe:
   // the next user of the block is ordered after this matmul on the same stream.

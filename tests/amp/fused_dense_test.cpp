@@ -45,9 +45,26 @@ struct Shape {
   std::vector<int64_t> batch;  // leading dimensions of the input
   int64_t in, hidden, out;
 };
-// A batch of 1, odd sizes, sizes that are not multiples of 8, 3-D inputs, and a large K.
-const std::vector<Shape> kShapes = {
-    {{1}, 7, 9, 5}, {{3, 4}, 9, 16, 16}, {{17}, 24, 13, 11}, {{33}, 4099, 8, 8}, {{2, 5}, 64, 40, 24}};
+// A batch of 1, odd sizes, sizes that are not multiples of 8, 3-D inputs, a large K, and one shape cuBLASLt takes
+// whole.
+const std::vector<Shape> kShapes = {{{1}, 7, 9, 5},     {{3, 4}, 9, 16, 16},  {{17}, 24, 13, 11},
+                                    {{33}, 4099, 8, 8}, {{2, 5}, 64, 40, 24}, {{2, 8}, 64, 32, 24}};
+
+/// Every GEMM dimension a multiple of 8 (tokens, and the features of every layer): cuBLASLt must take it, so a
+/// module asked for the cuBLASLt path really computed there.
+bool lt_takes_whole(const Shape& s, bool block) {
+  int64_t tokens = 1;
+  for (const int64_t b : s.batch) tokens *= b;
+  return tokens % 8 == 0 && s.in % 8 == 0 && s.out % 8 == 0 && (!block || s.hidden % 8 == 0);
+}
+
+template <typename Module>
+void expect_lt_path_where_whole(const Module& m, const torch::Device& device, DensePath path, const Shape& s,
+                                bool block, const std::string& what) {
+  if (!device.is_cuda() || path != DensePath::kCublasLt || !lt_takes_whole(s, block)) return;
+  EXPECT_EQ(m->paths_taken().forward, GemmPath::kCublasLt) << what;
+  EXPECT_EQ(m->paths_taken().backward, GemmPath::kCublasLt) << what;
+}
 
 template <typename T>
 class FusedDenseTest : public ::testing::Test {
@@ -86,6 +103,7 @@ void check_dense_against_linear(Test& t, const torch::Device& device, DensePath 
     y.backward(dy.to(device));
     y64.backward(dy.to(torch::kFloat64));
     const std::string what = "FusedDense in=" + std::to_string(s.in) + " out=" + std::to_string(s.out);
+    expect_lt_path_where_whole(fused, device, path, s, /*block=*/false, what);
     EXPECT_EQ(y.scalar_type(), t.dtype());
     expect_close(y, y64, t.rtol(), what + " output");
     expect_close(x.grad(), x64.grad(), t.rtol(), what + " grad input");
@@ -115,6 +133,7 @@ void check_gelu_block_against_sequential(Test& t, const torch::Device& device, D
     y64.backward(dy.to(torch::kFloat64));
     const std::string what = "FusedDenseGeluDense " + std::to_string(s.in) + "-" + std::to_string(s.hidden) + "-" +
                              std::to_string(s.out) + (bias ? "" : " (no bias)");
+    expect_lt_path_where_whole(fused, device, path, s, /*block=*/true, what);
     expect_close(y, y64, t.rtol(), what + " output");
     expect_close(x.grad(), x64.grad(), t.rtol(), what + " grad input");
     auto reference = seq->named_parameters();
