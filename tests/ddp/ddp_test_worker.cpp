@@ -1,17 +1,21 @@
 // A worker program for the launcher tests, started by ddp-launch or torchrun --no-python:
 //   ddp_test_worker train [--steps N] [--out DIR]   DDP training over Gloo; checks that every rank ends with
-//                                                  bit-identical parameters, saves them to DIR/rank<R>.pt
+//                                                  bit-identical parameters equal to full-batch single-process
+//                                                  training, saves them to DIR/rank<R>.pt
 //   ddp_test_worker fail --fail-rank R --code C     rank R exits with C after meeting the others; the rest sleep
 //   ddp_test_worker env --out DIR                   writes the environment contract (and --local-rank) to a file
 //   ddp_test_worker sleep --out DIR                 writes DIR/ready<R>, then sleeps (signal forwarding)
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/launch_env.h>
@@ -30,15 +34,26 @@ std::string arg_value(int argc, char** argv, const std::string& name, const std:
   return fallback;
 }
 
+torch::nn::Sequential make_model(uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 4));
+}
+
+/// Rank `rank`'s batch of step `step`: each rank its own data.
+std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step) {
+  torch::manual_seed(1000 * (rank + 1) + step);
+  auto x = torch::randn({8, 8});
+  auto y = torch::randn({8, 4});
+  return {x, y};
+}
+
 void train(const ddp::ProcessGroup& pg, int steps, const std::string& out) {
-  torch::manual_seed(100 + pg.rank());  // different initializations: DDP must start everyone from rank 0's
-  torch::nn::Sequential model(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 4));
+  // Different initializations: DDP must start everyone from rank 0's.
+  torch::nn::Sequential model = make_model(100 + pg.rank());
   ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.001));
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   for (int step = 0; step < steps; ++step) {
-    torch::manual_seed(1000 * (pg.rank() + 1) + step);  // each rank its own data
-    const auto x = torch::randn({8, 8});
-    const auto y = torch::randn({8, 4});
+    const auto [x, y] = batch(pg.rank(), step);
     opt.zero_grad();
     torch::mse_loss(ddp.forward(x), y).backward();
     opt.step();
@@ -49,6 +64,31 @@ void train(const ddp::ProcessGroup& pg, int steps, const std::string& out) {
       TORCH_CHECK(torch::equal(all[0], all[r]), "parameter ", p.key(), " differs between rank 0 and rank ", r);
     }
   }
+  // And they are the right ones: a single process replaying the same steps on the full batch (every rank's data)
+  // from rank 0's initialization ends where DDP did, and training moved the parameters.
+  torch::nn::Sequential reference = make_model(100);
+  const auto initial = make_model(100)->parameters();
+  torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < steps; ++step) {
+    std::vector<torch::Tensor> xs, ys;
+    for (int r = 0; r < pg.size(); ++r) {
+      auto [x, y] = batch(r, step);
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    ref_opt.zero_grad();
+    torch::mse_loss(reference->forward(torch::cat(xs)), torch::cat(ys)).backward();
+    ref_opt.step();
+  }
+  const auto mine = model->parameters(), expected = reference->parameters();
+  double moved = 0;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    TORCH_CHECK(torch::allclose(mine[i], expected[i], 1e-4, 1e-5), "rank ", pg.rank(), ": parameter ", i,
+                " differs from full-batch single-process training by ",
+                (mine[i] - expected[i]).abs().max().item<double>());
+    moved = std::max(moved, (mine[i] - initial[i]).abs().max().item<double>());
+  }
+  TORCH_CHECK(steps == 0 || moved > 1e-3, "rank ", pg.rank(), ": training did not move the parameters");
   if (!out.empty()) torch::save(model->parameters(), out + "/rank" + std::to_string(pg.rank()) + ".pt");
   std::cout << "rank " << pg.rank() << " of " << pg.size() << " done" << std::endl;
 }
