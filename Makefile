@@ -45,13 +45,20 @@ bench: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCHMARKS)
 	@for b in $(BENCHMARKS); do echo "== $$b"; $(BUILD_DIR)/benchmarks/$$b || exit 1; done
 
-# Copies the third-party sources the GPU machine lacks (it has no apt, no network) into .deps/ (git-ignored),
-# for scripts/gpu_check.sh --deps .deps.
+# Copies what the GPU machine lacks (it has no apt, no network) into .deps/ (git-ignored), for
+# scripts/gpu_check.sh --deps .deps: GoogleTest's source, CLI11's and gloo's headers, and the Fashion-MNIST files
+# (the CNN rows of the bench phase). A device call carries at most 64 MiB with the working tree: the size is checked.
+GPU_BUNDLE_MAX_MIB ?= 48
 gpu-bundle:
 	rm -rf .deps && mkdir -p .deps/include
 	cp -r /usr/src/googletest .deps/googletest
 	cp -r /usr/include/CLI .deps/include/CLI
 	cp -r /usr/include/gloo .deps/include/gloo
+	if [ -d /usr/share/datasets/fashion-mnist ]; then cp -r /usr/share/datasets/fashion-mnist .deps/fashion-mnist; \
+	else echo "gpu-bundle: no Fashion-MNIST (apt-get install dataset-fashion-mnist): the bench phase uses --synthetic"; fi
+	@size=$$(du -sm .deps | cut -f1); tree=$$(git ls-files -z | du -cm --files0-from=- | tail -n 1 | cut -f1); \
+	echo "gpu-bundle: .deps is $$size MiB, the tracked tree $$tree MiB (a device call carries 64 MiB in all)"; \
+	[ $$size -le $(GPU_BUNDLE_MAX_MIB) ] || { echo "gpu-bundle: .deps is over $(GPU_BUNDLE_MAX_MIB) MiB" >&2; exit 1; }
 
 clean:
 	rm -rf $(BUILD_DIR)
