@@ -6,8 +6,9 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-GENERATOR := $(if $(shell command -v ninja 2>/dev/null),Ninja,Unix Makefiles)
-LAUNCHER := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache,)
+# Recursive (=): evaluated when configure runs, after deps has installed ninja and ccache on a fresh machine.
+GENERATOR = $(if $(shell command -v ninja 2>/dev/null),Ninja,Unix Makefiles)
+LAUNCHER = $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache,)
 TORCH_ARG := $(if $(LIBTORCH),-DCMAKE_PREFIX_PATH=$(LIBTORCH),)
 # ccache: paths relative to the checkout, so a fresh clone elsewhere (CI) hits the same cache entries.
 export CCACHE_BASEDIR := $(CURDIR)
@@ -19,8 +20,7 @@ all: build
 deps:
 	@scripts/bootstrap.sh
 
-$(BUILD_DIR)/CMakeCache.txt:
-	@$(MAKE) --no-print-directory deps
+$(BUILD_DIR)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD_DIR) -G "$(GENERATOR)" $(LAUNCHER) $(TORCH_ARG) $(CMAKE_ARGS)
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt

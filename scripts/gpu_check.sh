@@ -19,6 +19,9 @@
 # benchmark's budget); the dry run's defaults are larger (2 CPU cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# ccache (when the launcher is set): paths relative to the checkout, as the Makefile does.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
 
 phase="all"
 dry_run=0
