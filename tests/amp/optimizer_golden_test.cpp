@@ -63,6 +63,7 @@ const Golden& golden() {
     out.x.resize(kSteps);
     out.t.resize(kSteps);
     while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
       std::string fields[3];
       size_t pos = 0;
       for (auto& field : fields) {
@@ -204,7 +205,9 @@ void expect_state_matches(const torch::optim::Optimizer& optimizer, const std::s
       expect_close(*actual, *expected, kRtol, kAtol, what);
     }
     // SGD's own step count exists exactly where its buffer does.
-    if (sgd) EXPECT_EQ(state.get("step", p).has_value(), state.get("momentum", p).has_value()) << config;
+    if (sgd) {
+      EXPECT_EQ(state.get("step", p).has_value(), state.get("momentum", p).has_value()) << config;
+    }
   }
 }
 

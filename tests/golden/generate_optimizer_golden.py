@@ -82,7 +82,7 @@ def main() -> None:
                                  "absent" if value is None else values(torch.as_tensor(value, dtype=torch.float32))])
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "optimizer_trajectory.csv")
     with open(path, "w", newline="") as out:
-        csv.writer(out).writerows([["config", "step", "name", "values"]] + rows)
+        csv.writer(out, lineterminator="\n").writerows([["config", "step", "name", "values"]] + rows)
     print(f"wrote {len(rows)} rows to {path} (torch {torch.__version__})")
 
 
