@@ -1,5 +1,6 @@
 #include <amp/fused_optimizers.h>
 
+#include <cmath>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -50,19 +51,41 @@ size_t count_params(const std::vector<torch::optim::OptimizerParamGroup>& groups
 
 void write_list(torch::serialize::OutputArchive& archive, const std::string& key, const std::vector<at::Tensor>& list) {
   for (size_t i = 0; i < list.size(); ++i) {
-    if (list[i].defined()) archive.write(key + "." + std::to_string(i), list[i]);
+    if (list[i].defined()) archive.write(key + "." + std::to_string(i), list[i].cpu());
   }
 }
 
+/// Reads `key.<i>` for every parameter; a missing entry stays undefined (no state yet). `numel` of an entry
+/// must be the parameter's (or 1 for a step count).
 void read_list(torch::serialize::InputArchive& archive, const std::string& key, std::vector<at::Tensor>& list,
-               const std::vector<at::Tensor>& params) {
+               const std::vector<at::Tensor>& params, bool step_counts = false) {
   list.assign(params.size(), at::Tensor());
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor value;
     if (!archive.try_read(key + "." + std::to_string(i), value)) continue;
-    TORCH_CHECK(value.numel() == params[i].numel(), "optimizer checkpoint: ", key, ".", i, " has ", value.numel(),
-                " elements but the parameter has ", params[i].numel());
-    list[i] = value.to(params[i].device(), at::kFloat).reshape(params[i].sizes()).contiguous();
+    const int64_t numel = step_counts ? 1 : params[i].numel();
+    TORCH_CHECK(value.numel() == numel, "optimizer checkpoint: ", key, ".", i, " has ", value.numel(), " elements but ",
+                step_counts ? std::string("a step count has 1") : "the parameter has " + std::to_string(numel));
+    if (step_counts) {
+      const double count = value.to(at::kDouble).reshape({}).item<double>();  // a load, not a step: host read is fine
+      TORCH_CHECK(std::isfinite(count) && count >= 0 && count == std::floor(count), "optimizer checkpoint: ", key, ".",
+                  i, " must be a whole number of steps >= 0, got ", count);
+      list[i] = value.to(params[i].device(), at::kFloat).reshape({1}).contiguous();
+    } else {
+      list[i] = value.to(params[i].device(), at::kFloat).reshape(params[i].sizes()).contiguous();
+    }
+  }
+}
+
+/// A parameter has state iff it has a step count: every other per-parameter entry must follow (`required`) or
+/// may follow (optional ones, like max_exp_avg_sq when amsgrad was off) that.
+void check_state_consistent(const std::string& prefix, const std::vector<at::Tensor>& steps,
+                            const std::vector<at::Tensor>& list, const char* field, bool required) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    TORCH_CHECK(steps[i].defined() || !list[i].defined(), "optimizer checkpoint: ", prefix, ".", field, ".", i,
+                " is present but ", prefix, ".step.", i, " is missing");
+    TORCH_CHECK(!required || !steps[i].defined() || list[i].defined(), "optimizer checkpoint: ", prefix, ".step.", i,
+                " is present but ", prefix, ".", field, ".", i, " is missing");
   }
 }
 
@@ -76,10 +99,10 @@ at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
   return closure();
 }
 
-/// The loop both fused optimizers share: per group, lazily create the device step/lr, refresh lr, let
-/// `prepare(group, held, state)` create the state lists, then call `launch(group, part, step)` for the masterless
-/// and the mastered parameters. The step counter advances once per group step: the first part gets a copy of it,
-/// the last part the real one.
+/// The loop both fused optimizers share: per group, lazily create the device lr, refresh it, let
+/// `prepare(group, held, state)` create the state of the parameters that have a gradient, then call
+/// `launch(group, part)` for the masterless and the mastered parameters (each part passes its own parameters'
+/// step counts, so the order of the parts does not matter).
 template <typename State, typename Prepare, typename Launch>
 void run_groups(const std::vector<torch::optim::OptimizerParamGroup>& groups, std::vector<State>& states,
                 at::TensorList model_params, Prepare prepare, Launch launch) {
@@ -92,42 +115,42 @@ void run_groups(const std::vector<torch::optim::OptimizerParamGroup>& groups, st
     State& st = states[g];
     if (held.empty()) continue;
     const double lr = groups[g].options().get_lr();
-    if (!st.step.defined()) {
-      st.step = device_scalar(held[0], 0.0);
-      st.lr = device_scalar(held[0], lr);
-    }
+    if (!st.lr.defined()) st.lr = device_scalar(held[0], lr);
     st.lr.fill_(lr);  // a device fill, no sync: schedulers may change lr between steps
     prepare(g, held, st);
     StepLists direct, mastered;
     split_group(held, model_params, first, direct, mastered);
     first += held.size();
-    std::vector<StepLists*> parts;
-    if (!direct.params.empty()) parts.push_back(&direct);
-    if (!mastered.params.empty()) parts.push_back(&mastered);
-    for (size_t k = 0; k < parts.size(); ++k) {
-      launch(g, *parts[k], k + 1 == parts.size() ? st.step : st.step.clone());
-    }
+    if (!direct.params.empty()) launch(g, direct);
+    if (!mastered.params.empty()) launch(g, mastered);
   }
 }
 
-void save_step(torch::serialize::OutputArchive& archive, const std::string& prefix, const detail::StepState& st) {
-  if (st.step.defined()) archive.write(prefix + ".step", st.step.cpu());
-}
-
-void load_step(torch::serialize::InputArchive& archive, const std::string& prefix,
-               const torch::optim::OptimizerParamGroup& group, detail::StepState& st) {
-  at::Tensor step;
-  if (!archive.try_read(prefix + ".step", step) || group.params().empty()) return;
-  TORCH_CHECK(step.numel() == 1, "optimizer checkpoint: ", prefix, ".step must have 1 element");
-  st.step = step.to(group.params()[0].device(), at::kFloat).reshape({1});
-  st.lr = device_scalar(group.params()[0], group.options().get_lr());
-}
-
-void ensure_fp32_zeros(std::vector<at::Tensor>& list, const std::vector<at::Tensor>& held) {
-  list.resize(held.size());
+/// Creates, for every parameter that has a gradient and no state yet, its step count (0) and, through
+/// `create(i)`, its other state: torch.optim creates a parameter's state at its first gradient.
+template <typename Create>
+void create_state_at_first_gradient(const std::vector<at::Tensor>& held, detail::StepState& st, Create create) {
+  st.step.resize(held.size());
   for (size_t i = 0; i < held.size(); ++i) {
-    if (!list[i].defined()) list[i] = at::zeros_like(held[i], at::TensorOptions().dtype(at::kFloat));
+    if (!held[i].grad().defined()) continue;
+    if (!st.step[i].defined()) st.step[i] = device_scalar(held[i], 0.0);
+    create(i);
   }
+}
+
+void ensure_fp32_zeros(std::vector<at::Tensor>& list, const std::vector<at::Tensor>& held, size_t i) {
+  list.resize(held.size());
+  if (!list[i].defined()) list[i] = at::zeros_like(held[i], at::TensorOptions().dtype(at::kFloat));
+}
+
+/// Refuses a checkpoint of the per-group step format (one `group<g>.step` per group): its parameters' own
+/// step counts are not recorded, so it cannot be resumed exactly.
+void check_not_per_group_format(torch::serialize::InputArchive& archive, const std::string& prefix) {
+  at::Tensor old_step;
+  TORCH_CHECK(!archive.try_read(prefix + ".step", old_step), "optimizer checkpoint: '", prefix,
+              ".step' is a per-group step count, from a libtorch-amp version before per-parameter optimizer state; "
+              "it records no step count per parameter and cannot be resumed exactly. Start from a checkpoint written "
+              "by this version");
 }
 
 }  // namespace
@@ -161,11 +184,13 @@ void FusedAdam::run(at::TensorList model_params, const at::Tensor& found_inf) {
   run_groups(
       param_groups_, groups_state_, model_params,
       [&](size_t g, const std::vector<at::Tensor>& held, GroupState& st) {
-        ensure_fp32_zeros(st.exp_avg, held);
-        ensure_fp32_zeros(st.exp_avg_sq, held);
-        if (options_of(g).amsgrad()) ensure_fp32_zeros(st.max_exp_avg_sq, held);
+        create_state_at_first_gradient(held, st, [&](size_t i) {
+          ensure_fp32_zeros(st.exp_avg, held, i);
+          ensure_fp32_zeros(st.exp_avg_sq, held, i);
+          if (options_of(g).amsgrad()) ensure_fp32_zeros(st.max_exp_avg_sq, held, i);
+        });
       },
-      [&](size_t g, StepLists& part, const at::Tensor& step) {
+      [&](size_t g, StepLists& part) {
         const FusedAdamOptions& o = options_of(g);
         const GroupState& st = groups_state_[g];
         const auto options = kernels::AdamStepOptions()
@@ -178,7 +203,7 @@ void FusedAdam::run(at::TensorList model_params, const at::Tensor& found_inf) {
         kernels::fused_adam_step_(part.params, part.grads, pick(st.exp_avg, part.index),
                                   pick(st.exp_avg_sq, part.index),
                                   o.amsgrad() ? pick(st.max_exp_avg_sq, part.index) : std::vector<at::Tensor>{},
-                                  part.masters, step, st.lr, options, at::Tensor(), found_inf);
+                                  part.masters, pick(st.step, part.index), st.lr, options, at::Tensor(), found_inf);
       });
 }
 
@@ -186,7 +211,7 @@ void FusedAdam::save(torch::serialize::OutputArchive& archive) const {
   for (size_t g = 0; g < groups_state_.size(); ++g) {
     const GroupState& st = groups_state_[g];
     const std::string prefix = "group" + std::to_string(g);
-    save_step(archive, prefix, st);
+    write_list(archive, prefix + ".step", st.step);
     write_list(archive, prefix + ".exp_avg", st.exp_avg);
     write_list(archive, prefix + ".exp_avg_sq", st.exp_avg_sq);
     write_list(archive, prefix + ".max_exp_avg_sq", st.max_exp_avg_sq);
@@ -198,10 +223,15 @@ void FusedAdam::load(torch::serialize::InputArchive& archive) {
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& held = param_groups_[g].params();
     const std::string prefix = "group" + std::to_string(g);
-    load_step(archive, prefix, param_groups_[g], loaded[g]);
-    read_list(archive, prefix + ".exp_avg", loaded[g].exp_avg, held);
-    read_list(archive, prefix + ".exp_avg_sq", loaded[g].exp_avg_sq, held);
-    read_list(archive, prefix + ".max_exp_avg_sq", loaded[g].max_exp_avg_sq, held);
+    check_not_per_group_format(archive, prefix);
+    GroupState& st = loaded[g];
+    read_list(archive, prefix + ".step", st.step, held, /*step_counts=*/true);
+    read_list(archive, prefix + ".exp_avg", st.exp_avg, held);
+    read_list(archive, prefix + ".exp_avg_sq", st.exp_avg_sq, held);
+    read_list(archive, prefix + ".max_exp_avg_sq", st.max_exp_avg_sq, held);
+    check_state_consistent(prefix, st.step, st.exp_avg, "exp_avg", true);
+    check_state_consistent(prefix, st.step, st.exp_avg_sq, "exp_avg_sq", true);
+    check_state_consistent(prefix, st.step, st.max_exp_avg_sq, "max_exp_avg_sq", false);
   }
   groups_state_ = std::move(loaded);
 }
@@ -234,15 +264,12 @@ void FusedSGD::run(at::TensorList model_params, const at::Tensor& found_inf) {
   run_groups(
       param_groups_, groups_state_, model_params,
       [&](size_t g, const std::vector<at::Tensor>& held, GroupState& st) {
-        // No zeroing needed: on step 0 the kernel overwrites each buffer with the gradient (torch's initialisation).
-        if (options_of(g).momentum() <= 0) return;
-        st.momentum.resize(held.size());
-        for (size_t i = 0; i < held.size(); ++i) {
-          if (!st.momentum[i].defined())
-            st.momentum[i] = at::empty_like(held[i], at::TensorOptions().dtype(at::kFloat));
-        }
+        if (options_of(g).momentum() <= 0) return;  // plain SGD keeps no state, as torch.optim.SGD
+        // Zeros, although the kernel overwrites a buffer with the gradient at its parameter's first step and never
+        // reads it before: the state (and a checkpoint of it) never holds uninitialised memory.
+        create_state_at_first_gradient(held, st, [&](size_t i) { ensure_fp32_zeros(st.momentum, held, i); });
       },
-      [&](size_t g, StepLists& part, const at::Tensor& step) {
+      [&](size_t g, StepLists& part) {
         const FusedSgdOptions& o = options_of(g);
         const GroupState& st = groups_state_[g];
         const auto options = kernels::SgdStepOptions()
@@ -250,16 +277,17 @@ void FusedSGD::run(at::TensorList model_params, const at::Tensor& found_inf) {
                                  .dampening(o.dampening())
                                  .weight_decay(o.weight_decay())
                                  .nesterov(o.nesterov());
-        kernels::fused_sgd_step_(part.params, part.grads,
-                                 o.momentum() > 0 ? pick(st.momentum, part.index) : std::vector<at::Tensor>{},
-                                 part.masters, step, st.lr, options, at::Tensor(), found_inf);
+        const bool momentum = o.momentum() > 0;
+        kernels::fused_sgd_step_(
+            part.params, part.grads, momentum ? pick(st.momentum, part.index) : std::vector<at::Tensor>{}, part.masters,
+            momentum ? pick(st.step, part.index) : std::vector<at::Tensor>{}, st.lr, options, at::Tensor(), found_inf);
       });
 }
 
 void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
   for (size_t g = 0; g < groups_state_.size(); ++g) {
     const std::string prefix = "group" + std::to_string(g);
-    save_step(archive, prefix, groups_state_[g]);
+    write_list(archive, prefix + ".step", groups_state_[g].step);
     write_list(archive, prefix + ".momentum", groups_state_[g].momentum);
   }
 }
@@ -267,9 +295,12 @@ void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
 void FusedSGD::load(torch::serialize::InputArchive& archive) {
   std::vector<GroupState> loaded(param_groups_.size());
   for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& held = param_groups_[g].params();
     const std::string prefix = "group" + std::to_string(g);
-    load_step(archive, prefix, param_groups_[g], loaded[g]);
-    read_list(archive, prefix + ".momentum", loaded[g].momentum, param_groups_[g].params());
+    check_not_per_group_format(archive, prefix);
+    read_list(archive, prefix + ".step", loaded[g].step, held, /*step_counts=*/true);
+    read_list(archive, prefix + ".momentum", loaded[g].momentum, held);
+    check_state_consistent(prefix, loaded[g].step, loaded[g].momentum, "momentum", true);
   }
   groups_state_ = std::move(loaded);
 }

@@ -12,9 +12,10 @@
 namespace amp {
 
 namespace detail {
-/// Device-resident per-group counters shared by the fused optimizers.
+/// The device-resident learning rate of a group and the per-parameter step counts, shared by the fused optimizers.
 struct StepState {
-  at::Tensor step, lr;  // 1-element fp32 on the parameters' device
+  at::Tensor lr;                 // 1-element fp32 on the parameters' device
+  std::vector<at::Tensor> step;  // per parameter: 1-element fp32 completed steps; undefined before its first gradient
 };
 }  // namespace detail
 
@@ -27,8 +28,10 @@ struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAd
   TORCH_ARG(double, eps) = 1e-8;
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, amsgrad) = false;
-  /// true: AdamW's decoupled weight decay; false: Adam's L2 penalty. FusedAdamW / FusedAdam set it.
-  TORCH_ARG(bool, decoupled_weight_decay) = true;
+  /// true: AdamW's decoupled weight decay (p *= 1 - lr * weight_decay); false: Adam's L2 penalty
+  /// (grad += weight_decay * p). Default false, as torch.optim.Adam's argument of that name; FusedAdamW always
+  /// sets it to true.
+  TORCH_ARG(bool, decoupled_weight_decay) = false;
 
  public:
   double get_lr() const override { return lr(); }
@@ -51,8 +54,20 @@ struct FusedSgdOptions : public torch::optim::OptimizerCloneableOptions<FusedSgd
 
 /// Adam / AdamW / SGD whose whole step is one fused multi-tensor pass per dtype group (kernels/fused_optimizers.h),
 /// usable like any torch::optim optimizer. Under amp::initialize they skip an overflowing step on the device
-/// (no host sync) and, with master weights, write the half model parameters in the same pass. The step count
+/// (no host sync) and, with master weights, write the half model parameters in the same pass. The step counts
 /// and the learning rate live on the device, so a step can be captured in a CUDA graph.
+///
+/// State is kept per parameter with torch.optim's semantics: a parameter with no gradient (grad undefined, as
+/// zero_grad() leaves it) is not stepped and its state is neither created nor advanced. Its state is created at
+/// its first gradient: Adam's exp_avg / exp_avg_sq (/ max_exp_avg_sq) as zeros and its own `step` count, so its
+/// bias corrections count its own steps; SGD with momentum its momentum buffer, which its first step sets to
+/// the gradient (no dampening), and its step count. A skipped step (overflow) advances nothing.
+///
+/// save / load write and read that state per parameter (`group<g>.<field>.<i>`, fp32, on the CPU); a parameter
+/// without state yet has no entries and loads as without state. Checkpoints of the earlier per-group step
+/// format (`group<g>.step`) are refused with an error saying so.
+///
+/// FusedAdam is torch.optim.Adam: L2 weight decay unless options.decoupled_weight_decay(true).
 class FusedAdam : public torch::optim::Optimizer, public FusedOptimizer {
  public:
   FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& groups, FusedAdamOptions defaults);
@@ -64,20 +79,23 @@ class FusedAdam : public torch::optim::Optimizer, public FusedOptimizer {
 
  protected:
   struct GroupState : detail::StepState {
-    std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq;  // per parameter, fp32, created at first use
+    std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq;  // per parameter, fp32, created at first gradient
   };
   void run(at::TensorList model_params, const at::Tensor& found_inf);
   std::vector<GroupState> groups_state_;
 };
 
-/// FusedAdam with decoupled weight decay (default weight_decay 1e-2, as torch::optim::AdamW).
+/// torch.optim.AdamW: FusedAdam with decoupled weight decay, whatever options.decoupled_weight_decay() says.
+/// Without options the weight decay is 1e-2 as torch::optim::AdamW's; options passed in keep their own
+/// weight_decay (FusedAdamOptions' default is 0), so set it explicitly to get AdamW's usual 1e-2.
 class FusedAdamW : public FusedAdam {
  public:
-  explicit FusedAdamW(std::vector<at::Tensor> params,
-                      FusedAdamOptions defaults = FusedAdamOptions().weight_decay(1e-2).decoupled_weight_decay(true))
+  explicit FusedAdamW(std::vector<at::Tensor> params, FusedAdamOptions defaults = FusedAdamOptions().weight_decay(1e-2))
       : FusedAdam(std::move(params), defaults.decoupled_weight_decay(true)) {}
 };
 
+/// torch.optim.SGD (momentum, dampening, Nesterov, L2 weight decay) as one fused pass; see FusedAdam for the
+/// per-parameter state. Plain SGD (momentum 0) keeps no state.
 class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
  public:
   FusedSGD(std::vector<at::Tensor> params, FusedSgdOptions defaults);
@@ -88,7 +106,7 @@ class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
 
  private:
   struct GroupState : detail::StepState {
-    std::vector<at::Tensor> momentum;  // per parameter, fp32, created at first use
+    std::vector<at::Tensor> momentum;  // per parameter, fp32, created at first gradient
   };
   void run(at::TensorList model_params, const at::Tensor& found_inf);
   std::vector<GroupState> groups_state_;

@@ -94,10 +94,12 @@ Result run_job(bool with_masters, const std::vector<int64_t>& sizes, const torch
   // Ours and at::_fused_adamw_ share the moment buffers (the values only drift; the work is the same).
   auto exp_avgs = make_list(sizes, fp32, false);
   auto exp_avg_sqs = make_list(sizes, fp32, false);
-  const auto step = torch::zeros({1}, fp32);
   const auto lr = torch::full({1}, kLr, fp32);
-  std::vector<torch::Tensor> fused_steps;
-  for (size_t i = 0; i < sizes.size(); ++i) fused_steps.push_back(torch::zeros({}, fp32));
+  std::vector<torch::Tensor> steps, fused_steps;  // per parameter, for ours and for at::_fused_adamw_
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    steps.push_back(torch::zeros({1}, fp32));
+    fused_steps.push_back(torch::zeros({}, fp32));
+  }
 
   // The peers update fp32 tensors from fp32 grads: the masters and widened grads, or the fp32 params.
   auto& peer_params = with_masters ? masters : params;
@@ -115,7 +117,7 @@ Result run_job(bool with_masters, const std::vector<int64_t>& sizes, const torch
   const auto options = kernels::AdamStepOptions().beta1(kBeta1).beta2(kBeta2).eps(kEps).weight_decay(kWeightDecay);
   std::vector<bench::Contender> contenders = {
       {"ours",
-       [&] { kernels::fused_adam_step_(params, grads, exp_avgs, exp_avg_sqs, {}, masters, step, lr, options); },
+       [&] { kernels::fused_adam_step_(params, grads, exp_avgs, exp_avg_sqs, {}, masters, steps, lr, options); },
        {}},
       {"fused",
        [&] {

@@ -7,16 +7,21 @@
 // One pass per element: read the gradient (any dtype, times inv_scale), the fp32 state and the fp32 value to
 // update (the master when there is one, else the parameter widened to fp32), apply torch::optim's formulas in
 // fp32, and write back the state, the master and the parameter (rounded to its dtype) in the same pass.
-// Everything that changes per step (step count, lr, inv_scale, found_inf) is read on the device, so a step
-// never syncs the host and can be captured in a CUDA graph: bias corrections use step + 1, and a one-thread
-// kernel advances `step` after the update unless found_inf is set. When found_inf is nonzero every functor
-// returns before writing anything, so a skipped step leaves params, masters, state and step bit-identical.
+// Everything that changes per step (step counts, lr, inv_scale, found_inf) is read on the device, so a step
+// never syncs the host and can be captured in a CUDA graph. The step count is kept per parameter, as
+// torch.optim keeps state['step']: each tensor's entry in the chunk table carries a pointer to its own 1-element
+// count, Adam's bias corrections use that count + 1, and SGD starts a parameter's momentum buffer as a copy of
+// its gradient when that count is 0 (a parameter whose first gradient comes late starts then, never from the
+// buffer's old contents). After every update of the call has been launched, a separate pass advances the
+// counts of the tensors of the call unless found_inf is set (a tensor's chunks all read the count first).
+// When found_inf is nonzero every functor returns before writing anything, so a skipped step leaves params,
+// masters, state and step counts bit-identical.
 //
 // The formulas follow LibTorch 2.11 (torch/csrc/api/src/optim/{adam,adamw,sgd}.cpp), in their order of
 // operations, so fp32 results agree with torch::optim to a few ulps:
 //   Adam:  g += wd * p (L2);                 AdamW: p *= 1 - lr * wd (decoupled)
 //          m = m * b1 + (1 - b1) * g;  v = v * b2 + (1 - b2) * g * g;  amsgrad: v_max = max(v_max, v)
-//          p -= lr / (1 - b1^t) * m / (sqrt(v or v_max) / sqrt(1 - b2^t) + eps),  t = step + 1
+//          p -= lr / (1 - b1^t) * m / (sqrt(v or v_max) / sqrt(1 - b2^t) + eps),  t = step + 1 (the parameter's own)
 //   SGD:   g += wd * p;  momentum: buf = (step == 0 ? g : buf * momentum + (1 - dampening) * g),
 //          g = nesterov ? g + momentum * buf : buf;  p -= lr * g
 
@@ -34,7 +39,6 @@ struct AdamArgs {
   double weight_decay;
   bool decoupled_weight_decay;  // AdamW when true, Adam with L2 regularisation when false
   bool amsgrad;
-  const float* step;       // completed steps (read, not written, by the update)
   const float* lr;         // learning rate
   const float* inv_scale;  // nullptr: gradients are used as they are
   const float* found_inf;  // nullptr: never skip
@@ -46,7 +50,6 @@ struct SgdArgs {
   double dampening;
   double weight_decay;
   bool nesterov;
-  const float* step;
   const float* lr;
   const float* inv_scale;
   const float* found_inf;
@@ -69,9 +72,10 @@ struct AdamCoefficients {
   float inv_scale;
 };
 
+/// The coefficients of one tensor's step: `step` points to that tensor's completed steps (read, not written).
 /// Bias corrections are computed in double from the fp32 step count, like torch::optim does on the host.
-LTA_HOST_DEVICE inline AdamCoefficients adam_coefficients(const AdamArgs& args) {
-  const double t = static_cast<double>(*args.step) + 1.0;
+LTA_HOST_DEVICE inline AdamCoefficients adam_coefficients(const AdamArgs& args, const float* step) {
+  const double t = static_cast<double>(*step) + 1.0;
   const double lr = *args.lr;
   const double wd = args.weight_decay;
   AdamCoefficients c{};
@@ -116,10 +120,12 @@ struct SgdCoefficients {
   float lr;
   float inv_scale;
   bool nesterov;
-  bool first_step;  // step == 0: the momentum buffer starts as the gradient, like torch's clone(d_p)
+  bool first_step;  // the tensor's step == 0: its momentum buffer starts as the gradient, like torch's clone(d_p)
 };
 
-LTA_HOST_DEVICE inline SgdCoefficients sgd_coefficients(const SgdArgs& args) {
+/// The coefficients of one tensor's step: `step` points to that tensor's completed steps, nullptr without
+/// momentum (no buffer, so no first step to tell apart).
+LTA_HOST_DEVICE inline SgdCoefficients sgd_coefficients(const SgdArgs& args, const float* step) {
   SgdCoefficients c{};
   c.momentum = static_cast<float>(args.momentum);
   c.one_minus_dampening = static_cast<float>(1.0 - args.dampening);
@@ -127,7 +133,7 @@ LTA_HOST_DEVICE inline SgdCoefficients sgd_coefficients(const SgdArgs& args) {
   c.lr = *args.lr;
   c.inv_scale = args.inv_scale != nullptr ? *args.inv_scale : 1.0f;
   c.nesterov = args.nesterov;
-  c.first_step = *args.step == 0.0f;
+  c.first_step = step != nullptr && *step == 0.0f;
   return c;
 }
 

@@ -99,7 +99,7 @@ void sgd_span(const SgdCoefficients& c, TParam* param, const TGrad* grad, float*
       load_block(param + i, count, p);
     }
     load_block(grad + i, count, g);
-    // On the first step the buffer is overwritten with the gradient: do not read uninitialised memory.
+    // On the parameter's first step the buffer is overwritten with the gradient: its contents are never read.
     if constexpr (kMomentum) {
       if (!c.first_step) load_block(momentum_buffer + i, count, buf);
     }
@@ -131,15 +131,16 @@ using ::kernels::cpu::dispatch_dtype;
 
 template <bool kAmsgrad, bool kMaster, int kDepth>
 void adam_lists(const PointerLists<kDepth>& lists, const AdamArgs& args) {
-  static_assert(kDepth == 4 + kAmsgrad + kMaster, "list depth and layout disagree");
+  static_assert(kDepth == 5 + kAmsgrad + kMaster, "list depth and layout disagree");
   if (skip_step(args.found_inf)) return;
-  const AdamCoefficients c = adam_coefficients(args);
   dispatch_dtype(lists.dtypes[0], [&](auto param_tag) {
     dispatch_dtype(lists.dtypes[1], [&](auto grad_tag) {
       using TParam = decltype(param_tag);
       using TGrad = decltype(grad_tag);
       parallel_over_elements(lists, [&](int64_t t, int64_t begin, int64_t n) {
         const auto& a = lists.addresses[t];
+        // The tensor's own step count (the last list), read, not written: bias corrections are per parameter.
+        const AdamCoefficients c = adam_coefficients(args, static_cast<const float*>(a[kDepth - 1]));
         float* max_exp_avg_sq = nullptr;
         float* master = nullptr;
         if constexpr (kAmsgrad) max_exp_avg_sq = static_cast<float*>(a[4]) + begin;
@@ -154,9 +155,8 @@ void adam_lists(const PointerLists<kDepth>& lists, const AdamArgs& args) {
 
 template <bool kMomentum, bool kMaster, int kDepth>
 void sgd_lists(const PointerLists<kDepth>& lists, const SgdArgs& args) {
-  static_assert(kDepth == 2 + kMomentum + kMaster, "list depth and layout disagree");
+  static_assert(kDepth == 2 + 2 * kMomentum + kMaster, "list depth and layout disagree");
   if (skip_step(args.found_inf)) return;
-  const SgdCoefficients c = sgd_coefficients(args);
   dispatch_dtype(lists.dtypes[0], [&](auto param_tag) {
     dispatch_dtype(lists.dtypes[1], [&](auto grad_tag) {
       using TParam = decltype(param_tag);
@@ -165,10 +165,15 @@ void sgd_lists(const PointerLists<kDepth>& lists, const SgdArgs& args) {
         const auto& a = lists.addresses[t];
         float* momentum_buffer = nullptr;
         float* master = nullptr;
-        if constexpr (kMomentum) momentum_buffer = static_cast<float*>(a[2]) + begin;
+        const float* step = nullptr;  // with momentum, the tensor's own step count (the last list)
+        if constexpr (kMomentum) {
+          momentum_buffer = static_cast<float*>(a[2]) + begin;
+          step = static_cast<const float*>(a[kDepth - 1]);
+        }
         if constexpr (kMaster) master = static_cast<float*>(a[2 + kMomentum]) + begin;
-        sgd_span<TParam, TGrad, kMomentum, kMaster>(
-            c, static_cast<TParam*>(a[0]) + begin, static_cast<const TGrad*>(a[1]) + begin, momentum_buffer, master, n);
+        sgd_span<TParam, TGrad, kMomentum, kMaster>(sgd_coefficients(args, step), static_cast<TParam*>(a[0]) + begin,
+                                                    static_cast<const TGrad*>(a[1]) + begin, momentum_buffer, master,
+                                                    n);
       });
     });
   });
@@ -176,9 +181,9 @@ void sgd_lists(const PointerLists<kDepth>& lists, const SgdArgs& args) {
 
 }  // namespace
 
-void fused_adam(const PointerLists<4>& lists, const AdamArgs& args) { adam_lists<false, false>(lists, args); }
+void fused_adam(const PointerLists<5>& lists, const AdamArgs& args) { adam_lists<false, false>(lists, args); }
 
-void fused_adam(const PointerLists<5>& lists, const AdamArgs& args) {
+void fused_adam(const PointerLists<6>& lists, const AdamArgs& args) {
   if (args.amsgrad) {
     adam_lists<true, false>(lists, args);
   } else {
@@ -186,18 +191,14 @@ void fused_adam(const PointerLists<5>& lists, const AdamArgs& args) {
   }
 }
 
-void fused_adam(const PointerLists<6>& lists, const AdamArgs& args) { adam_lists<true, true>(lists, args); }
+void fused_adam(const PointerLists<7>& lists, const AdamArgs& args) { adam_lists<true, true>(lists, args); }
 
 void fused_sgd(const PointerLists<2>& lists, const SgdArgs& args) { sgd_lists<false, false>(lists, args); }
 
-void fused_sgd(const PointerLists<3>& lists, const SgdArgs& args) {
-  if (args.momentum != 0.0) {
-    sgd_lists<true, false>(lists, args);
-  } else {
-    sgd_lists<false, true>(lists, args);
-  }
-}
+void fused_sgd(const PointerLists<3>& lists, const SgdArgs& args) { sgd_lists<false, true>(lists, args); }
 
-void fused_sgd(const PointerLists<4>& lists, const SgdArgs& args) { sgd_lists<true, true>(lists, args); }
+void fused_sgd(const PointerLists<4>& lists, const SgdArgs& args) { sgd_lists<true, false>(lists, args); }
+
+void fused_sgd(const PointerLists<5>& lists, const SgdArgs& args) { sgd_lists<true, true>(lists, args); }
 
 }  // namespace kernels::cpu::CPU_CAPABILITY

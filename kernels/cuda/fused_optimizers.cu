@@ -1,4 +1,8 @@
 #include <kernels/cuda/fused_optimizers_cuda.h>
+
+#include <algorithm>
+#include <vector>
+
 #include <kernels/cuda/multi_tensor_apply.cuh>
 #include <kernels/cuda/vector_access.cuh>
 
@@ -18,12 +22,14 @@ struct DeviceMath {
 
 template <typename TParam, typename TGrad, bool kAmsgrad, bool kMaster>
 struct AdamFunctor {
-  static constexpr int kDepth = 4 + kAmsgrad + kMaster;
+  static constexpr int kDepth = 5 + kAmsgrad + kMaster;
 
   __device__ void operator()(const ChunkTable<kDepth>& table, int block, const AdamArgs& args) const {
     if (skip_step(args.found_inf)) return;
-    const AdamCoefficients c = adam_coefficients(args);
     const Chunk chunk = chunk_of_block(table, block);
+    // The last list holds each tensor's own step count (read, not written): bias corrections are per parameter.
+    const AdamCoefficients c =
+        adam_coefficients(args, static_cast<const float*>(table.addresses[kDepth - 1][chunk.tensor]));
     auto* param = static_cast<TParam*>(table.addresses[0][chunk.tensor]) + chunk.begin;
     const auto* grad = static_cast<const TGrad*>(table.addresses[1][chunk.tensor]) + chunk.begin;
     auto* exp_avg = static_cast<float*>(table.addresses[2][chunk.tensor]) + chunk.begin;
@@ -74,12 +80,15 @@ struct AdamFunctor {
 
 template <typename TParam, typename TGrad, bool kMomentum, bool kMaster>
 struct SgdFunctor {
-  static constexpr int kDepth = 2 + kMomentum + kMaster;
+  static constexpr int kDepth = 2 + 2 * kMomentum + kMaster;
 
   __device__ void operator()(const ChunkTable<kDepth>& table, int block, const SgdArgs& args) const {
     if (skip_step(args.found_inf)) return;
-    const SgdCoefficients c = sgd_coefficients(args);
     const Chunk chunk = chunk_of_block(table, block);
+    // With momentum the last list holds each tensor's own step count: 0 means the buffer starts as the gradient.
+    const float* step = nullptr;
+    if constexpr (kMomentum) step = static_cast<const float*>(table.addresses[kDepth - 1][chunk.tensor]);
+    const SgdCoefficients c = sgd_coefficients(args, step);
     auto* param = static_cast<TParam*>(table.addresses[0][chunk.tensor]) + chunk.begin;
     const auto* grad = static_cast<const TGrad*>(table.addresses[1][chunk.tensor]) + chunk.begin;
     float* momentum_buffer = nullptr;
@@ -103,7 +112,7 @@ struct SgdFunctor {
             p[k] = to_float(param[i]);
           }
           g[k] = to_float(grad[i]);
-          // On the first step the buffer is overwritten with the gradient: do not read uninitialised memory.
+          // On the parameter's first step the buffer is overwritten with the gradient: its contents are never read.
           if constexpr (kMomentum) buf[k] = c.first_step ? 0.0f : momentum_buffer[i];
         }
       }
@@ -134,15 +143,26 @@ void launch_for_dtypes(const PointerLists<kDepth>& lists, const Args& args, cuda
   });
 }
 
-__global__ void advance_step_kernel(float* step, const float* found_inf) { kernels::advance_step(step, found_inf); }
+/// The step counts one advance_steps_kernel launch advances, passed by value (no host-to-device copy, so
+/// capturable). 4 KB fits the kernel parameter space of every toolkit.
+struct StepTable {
+  static constexpr int kMaxSteps = 500;
+  float* steps[kMaxSteps];
+  int count;
+};
+
+__global__ void advance_steps_kernel(const StepTable table, const float* found_inf) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < table.count) kernels::advance_step(table.steps[i], found_inf);
+}
 
 }  // namespace
 
-void fused_adam(const PointerLists<4>& lists, const AdamArgs& args, cudaStream_t stream) {
+void fused_adam(const PointerLists<5>& lists, const AdamArgs& args, cudaStream_t stream) {
   launch_for_dtypes<AdamFunctor, false, false>(lists, args, stream);
 }
 
-void fused_adam(const PointerLists<5>& lists, const AdamArgs& args, cudaStream_t stream) {
+void fused_adam(const PointerLists<6>& lists, const AdamArgs& args, cudaStream_t stream) {
   if (args.amsgrad) {
     launch_for_dtypes<AdamFunctor, true, false>(lists, args, stream);
   } else {
@@ -150,7 +170,7 @@ void fused_adam(const PointerLists<5>& lists, const AdamArgs& args, cudaStream_t
   }
 }
 
-void fused_adam(const PointerLists<6>& lists, const AdamArgs& args, cudaStream_t stream) {
+void fused_adam(const PointerLists<7>& lists, const AdamArgs& args, cudaStream_t stream) {
   launch_for_dtypes<AdamFunctor, true, true>(lists, args, stream);
 }
 
@@ -159,20 +179,28 @@ void fused_sgd(const PointerLists<2>& lists, const SgdArgs& args, cudaStream_t s
 }
 
 void fused_sgd(const PointerLists<3>& lists, const SgdArgs& args, cudaStream_t stream) {
-  if (args.momentum != 0.0) {
-    launch_for_dtypes<SgdFunctor, true, false>(lists, args, stream);
-  } else {
-    launch_for_dtypes<SgdFunctor, false, true>(lists, args, stream);
-  }
+  launch_for_dtypes<SgdFunctor, false, true>(lists, args, stream);
 }
 
 void fused_sgd(const PointerLists<4>& lists, const SgdArgs& args, cudaStream_t stream) {
+  launch_for_dtypes<SgdFunctor, true, false>(lists, args, stream);
+}
+
+void fused_sgd(const PointerLists<5>& lists, const SgdArgs& args, cudaStream_t stream) {
   launch_for_dtypes<SgdFunctor, true, true>(lists, args, stream);
 }
 
-void advance_step(float* step, const float* found_inf, cudaStream_t stream) {
-  advance_step_kernel<<<1, 1, 0, stream>>>(step, found_inf);
-  LTA_CUDA_CHECK_LAUNCH("advance_step_kernel");
+void advance_steps(const std::vector<float*>& steps, const float* found_inf, cudaStream_t stream) {
+  constexpr int kThreads = 128;
+  StepTable table;
+  for (size_t first = 0; first < steps.size(); first += StepTable::kMaxSteps) {
+    const size_t count = std::min(steps.size() - first, static_cast<size_t>(StepTable::kMaxSteps));
+    for (size_t i = 0; i < count; ++i) table.steps[i] = steps[first + i];
+    table.count = static_cast<int>(count);
+    const int blocks = (table.count + kThreads - 1) / kThreads;
+    advance_steps_kernel<<<blocks, kThreads, 0, stream>>>(table, found_inf);
+    LTA_CUDA_CHECK_LAUNCH("advance_steps_kernel");
+  }
 }
 
 }  // namespace kernels::cuda

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,18 @@ Mlp make_mlp(uint64_t seed) {
 }
 
 torch::Tensor batch(uint64_t seed) { return torch::randn({16, 6}, at::make_generator<at::CPUGeneratorImpl>(seed)); }
+
+/// The optimizer's state as its checkpoint holds it, read back.
+torch::serialize::InputArchive saved(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive out;
+  optimizer.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  std::istringstream stream(bytes.str());
+  in.load_from(stream);
+  return in;
+}
 
 std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> out;
@@ -104,8 +117,7 @@ TEST(FusedOptimizerTest, AmpO2WithFusedAdamWUpdatesModelInTheSamePassAndSkipsOnO
 
   const auto model_before = snapshot(net->parameters());
   const auto masters_before = snapshot(masters);
-  torch::serialize::OutputArchive state_before;
-  adam.save(state_before);
+  torch::serialize::InputArchive state_before = saved(adam);
   auto x = batch(2);
   x[3][1] = std::numeric_limits<float>::infinity();
   amp_step(model, optimizer, x);
@@ -114,6 +126,44 @@ TEST(FusedOptimizerTest, AmpO2WithFusedAdamWUpdatesModelInTheSamePassAndSkipsOnO
   for (size_t i = 0; i < masters.size(); ++i)
     EXPECT_TRUE(torch::equal(masters[i], masters_before[i])) << "master " << i;
   EXPECT_EQ(optimizer.scaler().scale().item<double>(), 32768.0);
+  // The per-parameter state, step counts included, did not advance either.
+  torch::serialize::InputArchive state_after = saved(adam);
+  for (size_t i = 0; i < masters.size(); ++i) {
+    for (const char* field : {"step", "exp_avg", "exp_avg_sq"}) {
+      const std::string key = std::string("group0.") + field + "." + std::to_string(i);
+      torch::Tensor before, after;
+      ASSERT_TRUE(state_before.try_read(key, before) && state_after.try_read(key, after)) << key;
+      EXPECT_TRUE(torch::equal(before, after)) << key;
+    }
+  }
+}
+
+// FusedAdam is torch::optim::Adam (L2 weight decay), FusedAdamW torch::optim::AdamW (decoupled), with the same
+// options object: FusedAdamOptions does not make FusedAdam decoupled by default.
+TEST(FusedOptimizerTest, FusedAdamIsAdamAndFusedAdamWIsAdamW) {
+  Mlp ours_adam = make_mlp(10), ours_adamw = make_mlp(10), ref_adam = make_mlp(10), ref_adamw = make_mlp(10);
+  const auto options = amp::FusedAdamOptions(1e-2).weight_decay(0.1);
+  amp::FusedAdam fused_adam(ours_adam->parameters(), options);
+  amp::FusedAdamW fused_adamw(ours_adamw->parameters(), options);
+  torch::optim::Adam adam(ref_adam->parameters(), torch::optim::AdamOptions(1e-2).weight_decay(0.1));
+  torch::optim::AdamW adamw(ref_adamw->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  std::vector<std::pair<Mlp*, torch::optim::Optimizer*>> runs = {
+      {&ours_adam, &fused_adam}, {&ours_adamw, &fused_adamw}, {&ref_adam, &adam}, {&ref_adamw, &adamw}};
+  for (int step = 0; step < 10; ++step) {
+    const auto x = batch(200 + step);
+    for (auto& [net, opt] : runs) {
+      opt->zero_grad();
+      (*net)->forward(x).pow(2).mean().backward();
+      opt->step();
+    }
+  }
+  const auto a = ours_adam->parameters(), aw = ours_adamw->parameters();
+  const auto ra = ref_adam->parameters(), raw = ref_adamw->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(a[i], ra[i], 1e-5, 1e-6)) << "FusedAdam vs Adam, parameter " << i;
+    EXPECT_TRUE(torch::allclose(aw[i], raw[i], 1e-5, 1e-6)) << "FusedAdamW vs AdamW, parameter " << i;
+  }
+  EXPECT_FALSE(torch::allclose(ra[0], raw[0], 1e-5, 1e-6)) << "the test needs Adam and AdamW to differ";
 }
 
 // The fused path follows the same run with torch::optim::AdamW under amp (both O2, same data).

@@ -1,6 +1,7 @@
 #include <kernels/fused_optimizers.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -106,7 +107,7 @@ class Harness {
       ref.push_back((setup.masters ? init : param.to(torch::kFloat)).clone().requires_grad_(true));
     }
     const auto fp32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
-    step = torch::zeros({1}, fp32);
+    for (size_t i = 0; i < sizes.size(); ++i) steps.push_back(torch::zeros({1}, fp32));
     lr = torch::full({1}, kLr, fp32);
     if (setup.scaled_grads) inv_scale = torch::full({1}, 1.0 / kGradScale, fp32);
   }
@@ -144,12 +145,17 @@ class Harness {
       const double rtol = setup_.param_dtype == torch::kFloat ? kStateRtol : test_util::rtol_for(setup_.param_dtype);
       expect_all_close(params, ref, rtol, kParamAtol, "params (" + what + ")");
     }
-    EXPECT_EQ(step.item<float>(), static_cast<float>(steps_taken)) << "step count (" << what << ")";
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const float expected = counts_steps ? static_cast<float>(steps_taken) : 0.0f;
+      EXPECT_EQ(steps[i].item<float>(), expected) << "step count of param " << i << " (" << what << ")";
+    }
   }
 
   TensorVector params, masters, ref;
-  torch::Tensor step, lr, inv_scale;
+  TensorVector steps;  // one count per param
+  torch::Tensor lr, inv_scale;
   int steps_taken = 0;
+  bool counts_steps = true;  // false for plain SGD, which keeps no step counts
 
  private:
   RunSetup setup_;
@@ -194,8 +200,8 @@ void check_adam_against_torch(const RunSetup& setup, const AdamStepOptions& opti
     const TensorVector grads = h.next_grads();
     opt->step();
     h.round_reference();
-    kernels::fused_adam_step_(h.params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, h.masters, h.step, h.lr, options,
-                              h.inv_scale);
+    kernels::fused_adam_step_(h.params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, h.masters, h.steps, h.lr,
+                              options, h.inv_scale);
     ++h.steps_taken;
   }
   h.expect_params_match();
@@ -222,6 +228,8 @@ void check_sgd_against_torch(const RunSetup& setup, const SgdStepOptions& option
   if (momentum) {
     for (const auto& p : h.params) buffers.push_back(torch::full({p.numel()}, NAN, torch::kFloat));
   }
+  const TensorVector steps = momentum ? h.steps : TensorVector{};
+  h.counts_steps = momentum;
   torch::optim::SGD opt(h.ref, torch::optim::SGDOptions(kLr)
                                    .momentum(options.momentum())
                                    .dampening(options.dampening())
@@ -231,7 +239,7 @@ void check_sgd_against_torch(const RunSetup& setup, const SgdStepOptions& option
     const TensorVector grads = h.next_grads();
     opt.step();
     h.round_reference();
-    kernels::fused_sgd_step_(h.params, grads, buffers, h.masters, h.step, h.lr, options, h.inv_scale);
+    kernels::fused_sgd_step_(h.params, grads, buffers, h.masters, steps, h.lr, options, h.inv_scale);
     ++h.steps_taken;
   }
   h.expect_params_match();
@@ -316,8 +324,8 @@ TEST(FusedOptimizerMixedTest, Fp16ParamsWithoutMastersRoundEveryStepLikeTorch) {
   check_sgd_against_torch(RunSetup{torch::kHalf, torch::kHalf, false, false}, SgdStepOptions().momentum(0.5));
 }
 
-// Several dtype groups in one call: each group's update must use the same step count, advanced once per call.
-TEST(FusedOptimizerMixedTest, MixedParamDtypesInOneCallShareOneStepCount) {
+// Several dtype groups in one call: each param's update must use its own count, advanced once per call.
+TEST(FusedOptimizerMixedTest, MixedParamDtypesInOneCallAdvanceEachCountOnce) {
   RunSetup setup{torch::kFloat, torch::kBFloat16, true, true};
   setup.mixed_params = true;
   check_adam_against_torch(setup, AdamStepOptions().weight_decay(0.1).amsgrad(true));
@@ -334,10 +342,10 @@ TEST(FusedOptimizerMixedTest, HundredsOfSmallTensorsSplitAcrossThreads) {
 /// Everything an Adam step may write, for bit-identity checks.
 struct AdamState {
   TensorVector params, masters, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
-  torch::Tensor step;
+  TensorVector steps;
   AdamState snapshot() const {
     return {clone_all(params),      clone_all(masters),         clone_all(exp_avgs),
-            clone_all(exp_avg_sqs), clone_all(max_exp_avg_sqs), step.clone()};
+            clone_all(exp_avg_sqs), clone_all(max_exp_avg_sqs), clone_all(steps)};
   }
 };
 
@@ -347,20 +355,20 @@ void expect_bit_identical(const AdamState& now, const AdamState& before) {
   expect_all_equal(now.exp_avgs, before.exp_avgs, "exp_avgs");
   expect_all_equal(now.exp_avg_sqs, before.exp_avg_sqs, "exp_avg_sqs");
   expect_all_equal(now.max_exp_avg_sqs, before.max_exp_avg_sqs, "max_exp_avg_sqs");
-  EXPECT_TRUE(torch::equal(now.step, before.step)) << "step";
+  expect_all_equal(now.steps, before.steps, "steps");
 }
 
 TEST(FusedOptimizerSkipTest, AdamFoundInfLeavesEverythingBitIdentical) {
   Harness h(RunSetup{torch::kBFloat16, torch::kBFloat16, true, true}, kSizes);
-  AdamState state{h.params, h.masters, zeros_fp32(h.params), zeros_fp32(h.params), zeros_fp32(h.params), h.step};
+  AdamState state{h.params, h.masters, zeros_fp32(h.params), zeros_fp32(h.params), zeros_fp32(h.params), h.steps};
   const auto options = AdamStepOptions().weight_decay(0.1).amsgrad(true);
   const auto found_inf = torch::zeros({1});
   auto step_with = [&](const TensorVector& grads) {
     kernels::fused_adam_step_(state.params, grads, state.exp_avgs, state.exp_avg_sqs, state.max_exp_avg_sqs,
-                              state.masters, state.step, h.lr, options, h.inv_scale, found_inf);
+                              state.masters, state.steps, h.lr, options, h.inv_scale, found_inf);
   };
   for (int s = 0; s < 2; ++s) step_with(h.next_grads());  // nonzero moments to protect
-  ASSERT_EQ(state.step.item<float>(), 2.0f);
+  ASSERT_EQ(state.steps[3].item<float>(), 2.0f);
 
   TensorVector bad_grads = h.next_grads();
   bad_grads[4][0] = std::numeric_limits<float>::infinity();  // what an overflowing backward leaves
@@ -374,7 +382,7 @@ TEST(FusedOptimizerSkipTest, AdamFoundInfLeavesEverythingBitIdentical) {
   step_with(h.next_grads());
   EXPECT_FALSE(torch::equal(state.masters[5], before.masters[5]));
   EXPECT_FALSE(torch::equal(state.exp_avgs[5], before.exp_avgs[5]));
-  EXPECT_EQ(state.step.item<float>(), 3.0f);
+  for (const auto& step : state.steps) EXPECT_EQ(step.item<float>(), 3.0f);
 }
 
 TEST(FusedOptimizerSkipTest, SgdFoundInfLeavesEverythingBitIdentical) {
@@ -383,22 +391,27 @@ TEST(FusedOptimizerSkipTest, SgdFoundInfLeavesEverythingBitIdentical) {
   const auto options = SgdStepOptions().momentum(0.9).weight_decay(0.1);
   const auto found_inf = torch::zeros({1});
   auto step_with = [&](const TensorVector& grads) {
-    kernels::fused_sgd_step_(h.params, grads, buffers, h.masters, h.step, h.lr, options, h.inv_scale, found_inf);
+    kernels::fused_sgd_step_(h.params, grads, buffers, h.masters, h.steps, h.lr, options, h.inv_scale, found_inf);
   };
+  // A skipped first step must leave the count at 0, so the next step still starts the buffer from its gradient.
+  found_inf.fill_(1.0f);
+  step_with(h.next_grads());
+  expect_all_equal(h.steps, zeros_fp32(h.steps), "steps after a skipped first step");
+  found_inf.zero_();
   step_with(h.next_grads());
   const TensorVector params = clone_all(h.params), masters = clone_all(h.masters), bufs = clone_all(buffers);
-  const auto step = h.step.clone();
+  const TensorVector steps = clone_all(h.steps);
   found_inf.fill_(1.0f);
   step_with(h.next_grads());
   expect_all_equal(h.params, params, "params");
   expect_all_equal(h.masters, masters, "masters");
   expect_all_equal(buffers, bufs, "momentum_buffers");
-  EXPECT_TRUE(torch::equal(h.step, step));
+  expect_all_equal(h.steps, steps, "steps");
 
   found_inf.zero_();
   step_with(h.next_grads());
   EXPECT_FALSE(torch::equal(buffers[5], bufs[5]));
-  EXPECT_EQ(h.step.item<float>(), 2.0f);
+  for (const auto& step : h.steps) EXPECT_EQ(step.item<float>(), 2.0f);
 }
 
 // The learning rate comes from the tensor at every call: lr = 0 moves nothing but the state advances.
@@ -407,21 +420,101 @@ TEST(FusedOptimizerStepTest, LearningRateIsReadFromItsTensorEachStep) {
   TensorVector exp_avgs = zeros_fp32(h.params), exp_avg_sqs = zeros_fp32(h.params);
   const TensorVector before = clone_all(h.params);
   h.lr.fill_(0.0f);
-  kernels::fused_adam_step_(h.params, h.next_grads(), exp_avgs, exp_avg_sqs, {}, {}, h.step, h.lr,
+  kernels::fused_adam_step_(h.params, h.next_grads(), exp_avgs, exp_avg_sqs, {}, {}, h.steps, h.lr,
                             AdamStepOptions().weight_decay(0.1));
   expect_all_equal(h.params, before, "params at lr 0");
   EXPECT_GT(exp_avgs[5].abs().sum().item<float>(), 0.0f);
-  EXPECT_EQ(h.step.item<float>(), 1.0f);
+  EXPECT_EQ(h.steps[5].item<float>(), 1.0f);
   h.lr.fill_(1e-2f);
-  kernels::fused_adam_step_(h.params, h.next_grads(), exp_avgs, exp_avg_sqs, {}, {}, h.step, h.lr,
+  kernels::fused_adam_step_(h.params, h.next_grads(), exp_avgs, exp_avg_sqs, {}, {}, h.steps, h.lr,
                             AdamStepOptions().weight_decay(0.1));
   EXPECT_FALSE(torch::equal(h.params[5], before[5]));
 }
 
-TEST(FusedOptimizerStepTest, EmptyParamListStillCountsTheStep) {
-  const auto step = torch::zeros({1});
-  kernels::fused_sgd_step_({}, {}, {}, {}, step, torch::ones({1}), SgdStepOptions());
-  EXPECT_EQ(step.item<float>(), 1.0f);
+TEST(FusedOptimizerStepTest, EmptyParamListDoesNothing) {
+  const auto lr = torch::ones({1});
+  kernels::fused_sgd_step_({}, {}, {}, {}, {}, lr, SgdStepOptions().momentum(0.9));
+  kernels::fused_adam_step_({}, {}, {}, {}, {}, {}, {}, lr, AdamStepOptions());
+  EXPECT_EQ(lr.item<float>(), 1.0f);
+}
+
+/// A model whose last parameter gets its first gradient only at step kLateStep, as a branch unused early: ours
+/// is called with the parameters that have a gradient (as FusedAdam / FusedSGD do), torch::optim gets an
+/// undefined gradient for the late one, so it neither steps it nor creates its state until then.
+constexpr int kLateStep = 3;
+
+using LateStepFn = std::function<void(const TensorVector& params, const TensorVector& grads,
+                                      const TensorVector& masters, size_t count)>;
+
+void run_with_late_param(Harness& h, torch::optim::Optimizer& reference, const LateStepFn& ours) {
+  const size_t all = h.params.size();
+  for (int s = 0; s < kSteps; ++s) {
+    const TensorVector grads = h.next_grads();
+    const size_t count = s < kLateStep ? all - 1 : all;
+    if (count < all) h.ref.back().mutable_grad() = torch::Tensor();
+    reference.step();
+    h.round_reference();
+    ours(h.params, grads, h.masters, count);
+  }
+}
+
+TensorVector first(const TensorVector& v, size_t count) { return TensorVector(v.begin(), v.begin() + count); }
+
+// Adam: the late parameter's first update is bias-corrected as its step 1 (a step of about lr), not as the
+// group's step kLateStep + 1, and its count ends kLateStep behind the others.
+TEST(FusedOptimizerLateParamTest, AdamBiasCorrectionCountsEachParamsOwnSteps) {
+  for (const bool decoupled : {true, false}) {
+    const RunSetup setup{torch::kBFloat16, torch::kBFloat16, true, true};
+    Harness h(setup, {1000, 33, 17});
+    const auto options = AdamStepOptions().weight_decay(0.1).amsgrad(true).decoupled_weight_decay(decoupled);
+    TensorVector exp_avgs = zeros_fp32(h.params), exp_avg_sqs = zeros_fp32(h.params);
+    TensorVector max_exp_avg_sqs = zeros_fp32(h.params);
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (decoupled) {
+      opt =
+          std::make_unique<torch::optim::AdamW>(h.ref, torch::optim::AdamWOptions(kLr).weight_decay(0.1).amsgrad(true));
+    } else {
+      opt = std::make_unique<torch::optim::Adam>(h.ref, torch::optim::AdamOptions(kLr).weight_decay(0.1).amsgrad(true));
+    }
+    run_with_late_param(
+        h, *opt, [&](const TensorVector& params, const TensorVector& grads, const TensorVector& masters, size_t n) {
+          kernels::fused_adam_step_(first(params, n), first(grads, n), first(exp_avgs, n), first(exp_avg_sqs, n),
+                                    first(max_exp_avg_sqs, n), first(masters, n), first(h.steps, n), h.lr, options,
+                                    h.inv_scale);
+        });
+    const std::string what = decoupled ? "AdamW" : "Adam";
+    expect_all_close(h.masters, h.ref, kStateRtol, kParamAtol, "masters (" + what + ")");
+    EXPECT_EQ(h.steps[0].item<float>(), static_cast<float>(kSteps)) << what;
+    EXPECT_EQ(h.steps.back().item<float>(), static_cast<float>(kSteps - kLateStep)) << what;
+  }
+}
+
+// SGD: the late parameter's buffer (NaN here, as uninitialised memory may be) starts as its first gradient.
+TEST(FusedOptimizerLateParamTest, SgdMomentumBufferStartsAsTheLateParamsFirstGradient) {
+  for (const bool nesterov : {false, true}) {
+    const RunSetup setup{torch::kFloat, torch::kFloat, false, false};
+    Harness h(setup, {1000, 33, 17});
+    auto options = SgdStepOptions().momentum(0.9).weight_decay(0.05);
+    auto ref_options = torch::optim::SGDOptions(kLr).momentum(0.9).weight_decay(0.05);
+    if (nesterov) {
+      options.nesterov(true);
+      ref_options.nesterov(true);
+    } else {
+      options.dampening(0.25);
+      ref_options.dampening(0.25);
+    }
+    TensorVector buffers;
+    for (const auto& p : h.params) buffers.push_back(torch::full({p.numel()}, NAN, torch::kFloat));
+    torch::optim::SGD opt(h.ref, ref_options);
+    run_with_late_param(h, opt,
+                        [&](const TensorVector& params, const TensorVector& grads, const TensorVector&, size_t n) {
+                          kernels::fused_sgd_step_(first(params, n), first(grads, n), first(buffers, n), {},
+                                                   first(h.steps, n), h.lr, options);
+                        });
+    const std::string what = nesterov ? "nesterov" : "dampening";
+    expect_all_close(h.params, h.ref, kStateRtol, kParamAtol, "params (" + what + ")");
+    EXPECT_EQ(h.steps.back().item<float>(), static_cast<float>(kSteps - kLateStep)) << what;
+  }
 }
 
 // Bad input: each error names the argument, the index and the offending value, and nothing is written.
@@ -432,11 +525,11 @@ class FusedOptimizerErrorTest : public ::testing::Test {
   void adam(const TensorVector& grads, const TensorVector& avgs, const TensorVector& avg_sqs,
             const TensorVector& masters, const torch::Tensor& found_inf = {},
             const AdamStepOptions& options = AdamStepOptions(), const TensorVector& max_avg_sqs = {}) {
-    kernels::fused_adam_step_(params_, grads, avgs, avg_sqs, max_avg_sqs, masters, step_, lr_, options, {}, found_inf);
+    kernels::fused_adam_step_(params_, grads, avgs, avg_sqs, max_avg_sqs, masters, steps_, lr_, options, {}, found_inf);
   }
   TensorVector params_ = {torch::ones({6}), torch::ones({6})};
   TensorVector fp32_ = {torch::zeros({6}), torch::zeros({6})};
-  torch::Tensor step_ = torch::zeros({1});
+  TensorVector steps_ = {torch::zeros({1}), torch::zeros({1})};
   torch::Tensor lr_ = torch::full({1}, 0.1f);
 };
 
@@ -460,7 +553,7 @@ TEST_F(FusedOptimizerErrorTest, MomentWithWrongNumelNamesIndexAndSizesAndWritesN
       },
       "exp_avg_sqs[1] has 5 elements but params[1] has 6");
   EXPECT_TRUE(torch::equal(params_[0], torch::ones({6}))) << "a failed call must not update earlier tensors";
-  EXPECT_EQ(step_.item<float>(), 0.0f);
+  EXPECT_EQ(steps_[0].item<float>(), 0.0f);
 }
 
 TEST_F(FusedOptimizerErrorTest, FoundInfMustBeOneFp32Element) {
@@ -470,12 +563,24 @@ TEST_F(FusedOptimizerErrorTest, FoundInfMustBeOneFp32Element) {
                "found_inf must be a 1-element Float tensor on cpu, got 1 element(s) of Int");
 }
 
-TEST_F(FusedOptimizerErrorTest, StepAndLrMustBeOneFp32Element) {
-  step_ = torch::zeros({1}, torch::kLong);
-  expect_error([&] { adam(fp32_, fp32_, fp32_, {}); }, "step must be a 1-element Float tensor on cpu");
-  step_ = torch::zeros({1});
+TEST_F(FusedOptimizerErrorTest, StepsAndLrMustBeOneFp32ElementEach) {
+  steps_[1] = torch::zeros({1}, torch::kLong);
+  expect_error([&] { adam(fp32_, fp32_, fp32_, {}); },
+               "steps[1] must be a 1-element Float tensor on cpu, got 1 element(s) of Long");
+  steps_ = {torch::zeros({1})};
+  expect_error([&] { adam(fp32_, fp32_, fp32_, {}); },
+               "steps must hold one step count per param for Adam: got 1 for 2 params");
+  steps_ = {torch::zeros({1}), torch::zeros({1})};
   lr_ = torch::full({3}, 0.1f);
   expect_error([&] { adam(fp32_, fp32_, fp32_, {}); }, "lr must be a 1-element Float tensor on cpu, got 3 element(s)");
+}
+
+TEST_F(FusedOptimizerErrorTest, EachParamNeedsItsOwnStepCount) {
+  const auto shared = torch::zeros({1});
+  steps_ = {shared, shared};
+  expect_error([&] { adam(fp32_, fp32_, fp32_, {}); },
+               "steps[1] is the same count as steps[0]: each param needs its own step count");
+  EXPECT_EQ(shared.item<float>(), 0.0f);
 }
 
 TEST_F(FusedOptimizerErrorTest, AmsgradListMustMatchTheOption) {
@@ -486,13 +591,17 @@ TEST_F(FusedOptimizerErrorTest, AmsgradListMustMatchTheOption) {
 }
 
 TEST_F(FusedOptimizerErrorTest, SgdMomentumBuffersMustMatchTheOption) {
-  expect_error([&] { kernels::fused_sgd_step_(params_, fp32_, fp32_, {}, step_, lr_, SgdStepOptions()); },
+  expect_error([&] { kernels::fused_sgd_step_(params_, fp32_, fp32_, {}, {}, lr_, SgdStepOptions()); },
                "momentum_buffers must be empty when momentum == 0, got 2 tensors");
-  expect_error([&] { kernels::fused_sgd_step_(params_, fp32_, {}, {}, step_, lr_, SgdStepOptions().momentum(0.9)); },
+  expect_error([&] { kernels::fused_sgd_step_(params_, fp32_, {}, {}, steps_, lr_, SgdStepOptions()); },
+               "steps must be empty when momentum == 0, got 2 tensors");
+  expect_error([&] { kernels::fused_sgd_step_(params_, fp32_, {}, {}, steps_, lr_, SgdStepOptions().momentum(0.9)); },
                "momentum 0.9 needs one momentum_buffers tensor per param: got 0 for 2 params");
+  expect_error([&] { kernels::fused_sgd_step_(params_, fp32_, fp32_, {}, {}, lr_, SgdStepOptions().momentum(0.9)); },
+               "steps must hold one step count per param with momentum: got 0 for 2 params");
   expect_error(
       [&] {
-        kernels::fused_sgd_step_(params_, fp32_, fp32_, {}, step_, lr_,
+        kernels::fused_sgd_step_(params_, fp32_, fp32_, {}, steps_, lr_,
                                  SgdStepOptions().momentum(0.9).dampening(0.1).nesterov(true));
       },
       "nesterov requires momentum > 0 and dampening == 0, got momentum 0.9 and dampening 0.1");
@@ -524,24 +633,31 @@ TEST(FusedOptimizerCudaTest, AdamMatchesCpuTwinOnThousandsOfTensors) {
   Harness cpu(RunSetup{torch::kBFloat16, torch::kBFloat16, true, true}, sizes);
   const torch::Device cuda(torch::kCUDA);
   AdamState c{cpu.params, cpu.masters, zeros_fp32(cpu.params), zeros_fp32(cpu.params), zeros_fp32(cpu.params),
-              cpu.step};
+              cpu.steps};
   AdamState g{to_device(c.params, cuda),      to_device(c.masters, cuda),         to_device(c.exp_avgs, cuda),
-              to_device(c.exp_avg_sqs, cuda), to_device(c.max_exp_avg_sqs, cuda), c.step.to(cuda)};
+              to_device(c.exp_avg_sqs, cuda), to_device(c.max_exp_avg_sqs, cuda), to_device(c.steps, cuda)};
   const auto lr = cpu.lr.to(cuda), inv_scale = cpu.inv_scale.to(cuda);
   const auto options = AdamStepOptions().weight_decay(0.1).amsgrad(true);
+  // The first tensors join late (their first gradients come at step s == index), so the counts differ per
+  // tensor, also inside one launch and across the launches of one call.
+  constexpr size_t kLate = 5;
   for (int s = 0; s < kSteps; ++s) {
     const TensorVector grads = cpu.next_grads();
-    kernels::fused_adam_step_(c.params, grads, c.exp_avgs, c.exp_avg_sqs, c.max_exp_avg_sqs, c.masters, c.step, cpu.lr,
-                              options, cpu.inv_scale);
-    kernels::fused_adam_step_(g.params, to_device(grads, cuda), g.exp_avgs, g.exp_avg_sqs, g.max_exp_avg_sqs, g.masters,
-                              g.step, lr, options, inv_scale);
+    const size_t skip = s < static_cast<int>(kLate) ? kLate - static_cast<size_t>(s) : 0;
+    auto tail = [&](const TensorVector& v) { return TensorVector(v.begin() + skip, v.end()); };
+    kernels::fused_adam_step_(tail(c.params), tail(grads), tail(c.exp_avgs), tail(c.exp_avg_sqs),
+                              tail(c.max_exp_avg_sqs), tail(c.masters), tail(c.steps), cpu.lr, options, cpu.inv_scale);
+    kernels::fused_adam_step_(tail(g.params), tail(to_device(grads, cuda)), tail(g.exp_avgs), tail(g.exp_avg_sqs),
+                              tail(g.max_exp_avg_sqs), tail(g.masters), tail(g.steps), lr, options, inv_scale);
   }
   expect_all_close(g.masters, c.masters, kStateRtol, kParamAtol, "masters");
   expect_all_close(g.exp_avgs, c.exp_avgs, kStateRtol, kStateAtol, "exp_avgs");
   expect_all_close(g.exp_avg_sqs, c.exp_avg_sqs, kStateRtol, kStateAtol, "exp_avg_sqs");
   expect_all_close(g.max_exp_avg_sqs, c.max_exp_avg_sqs, kStateRtol, kStateAtol, "max_exp_avg_sqs");
   expect_all_close(g.params, c.params, test_util::rtol_for(torch::kBFloat16), kParamAtol, "params");
-  EXPECT_EQ(g.step.item<float>(), static_cast<float>(kSteps));
+  expect_all_equal(g.steps, c.steps, "steps");
+  EXPECT_EQ(g.steps[0].item<float>(), static_cast<float>(kSteps - kLate));
+  EXPECT_EQ(g.steps.back().item<float>(), static_cast<float>(kSteps));
 }
 
 TEST(FusedOptimizerCudaTest, SgdMatchesTorchOnCuda) {
@@ -555,7 +671,7 @@ TEST(FusedOptimizerCudaTest, SgdMatchesTorchOnCuda) {
   for (int s = 0; s < kSteps; ++s) {
     const TensorVector grads = h.next_grads();
     opt.step();
-    kernels::fused_sgd_step_(h.params, grads, buffers, h.masters, h.step, h.lr, options, h.inv_scale);
+    kernels::fused_sgd_step_(h.params, grads, buffers, h.masters, h.steps, h.lr, options, h.inv_scale);
     ++h.steps_taken;
   }
   h.expect_params_match();
@@ -565,15 +681,15 @@ TEST(FusedOptimizerCudaTest, FoundInfSkipsOnDevice) {
   LTA_REQUIRE_CUDA();
   const torch::Device cuda(torch::kCUDA);
   Harness h(RunSetup{torch::kBFloat16, torch::kFloat, true, false}, kSizes, cuda);
-  AdamState state{h.params, h.masters, zeros_fp32(h.params), zeros_fp32(h.params), zeros_fp32(h.params), h.step};
+  AdamState state{h.params, h.masters, zeros_fp32(h.params), zeros_fp32(h.params), zeros_fp32(h.params), h.steps};
   const auto options = AdamStepOptions().amsgrad(true);
   const auto found_inf = torch::zeros({1}, torch::TensorOptions().device(cuda));
   kernels::fused_adam_step_(state.params, h.next_grads(), state.exp_avgs, state.exp_avg_sqs, state.max_exp_avg_sqs,
-                            state.masters, state.step, h.lr, options, {}, found_inf);
+                            state.masters, state.steps, h.lr, options, {}, found_inf);
   const AdamState before = state.snapshot();
   found_inf.fill_(1.0f);
   kernels::fused_adam_step_(state.params, h.next_grads(), state.exp_avgs, state.exp_avg_sqs, state.max_exp_avg_sqs,
-                            state.masters, state.step, h.lr, options, {}, found_inf);
+                            state.masters, state.steps, h.lr, options, {}, found_inf);
   expect_bit_identical(state, before);
 }
 
@@ -584,12 +700,12 @@ TEST(FusedOptimizerCudaTest, AdamStepIsCapturableInACudaGraph) {
   const torch::Device cuda(torch::kCUDA);
   Harness h(RunSetup{torch::kBFloat16, torch::kBFloat16, true, true}, kSizes, cuda);
   const TensorVector grads = h.next_grads();
-  AdamState graph_state{h.params, h.masters, zeros_fp32(h.params), zeros_fp32(h.params), {}, h.step};
+  AdamState graph_state{h.params, h.masters, zeros_fp32(h.params), zeros_fp32(h.params), {}, h.steps};
   AdamState eager = graph_state.snapshot();
   const auto options = AdamStepOptions().weight_decay(0.1);
   const auto found_inf = torch::zeros({1}, torch::TensorOptions().device(cuda));
   auto step = [&](AdamState& s) {
-    kernels::fused_adam_step_(s.params, grads, s.exp_avgs, s.exp_avg_sqs, {}, s.masters, s.step, h.lr, options,
+    kernels::fused_adam_step_(s.params, grads, s.exp_avgs, s.exp_avg_sqs, {}, s.masters, s.steps, h.lr, options,
                               h.inv_scale, found_inf);
   };
   AdamState warmup = graph_state.snapshot();  // first launches (lazy module loading) happen outside the capture
@@ -604,7 +720,7 @@ TEST(FusedOptimizerCudaTest, AdamStepIsCapturableInACudaGraph) {
     step(graph_state);
     graph.capture_end();
   }
-  EXPECT_EQ(graph_state.step.item<float>(), 0.0f) << "capture must not run the step";
+  EXPECT_EQ(graph_state.steps[3].item<float>(), 0.0f) << "capture must not run the step";
   graph.replay();
   graph.replay();
   step(eager);
@@ -613,7 +729,8 @@ TEST(FusedOptimizerCudaTest, AdamStepIsCapturableInACudaGraph) {
   expect_all_equal(graph_state.masters, eager.masters, "masters (graph vs eager)");
   expect_all_equal(graph_state.params, eager.params, "params (graph vs eager)");
   expect_all_equal(graph_state.exp_avg_sqs, eager.exp_avg_sqs, "exp_avg_sqs (graph vs eager)");
-  EXPECT_EQ(graph_state.step.item<float>(), 2.0f);
+  expect_all_equal(graph_state.steps, eager.steps, "steps (graph vs eager)");
+  EXPECT_EQ(graph_state.steps[3].item<float>(), 2.0f);
 }
 
 #endif  // LIBTORCH_AMP_WITH_CUDA
