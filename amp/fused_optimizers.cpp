@@ -113,11 +113,12 @@ void run_groups(const std::vector<torch::optim::OptimizerParamGroup>& groups, st
 /// FusedOptimizer::sync_lr for either optimizer: every group that has stepped gets its host lr on the device.
 template <typename State>
 void sync_group_lrs(const std::vector<torch::optim::OptimizerParamGroup>& groups, std::vector<State>& states) {
-  for (size_t g = 0; g < groups.size() && g < states.size(); ++g) {
-    if (groups[g].params().empty() || !states[g].lr.defined()) continue;  // created by the group's first step
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].params().empty()) continue;
     const c10::Device device = groups[g].params()[0].device();
     kernels::check_not_capturing(device, "FusedOptimizer::sync_lr()",
                                  "call it before the capture or between replays, where its write takes effect");
+    if (g >= states.size() || !states[g].lr.defined()) continue;  // created by the group's first step
     detail::update_device_lr(states[g].lr, states[g].lr_written, groups[g].options().get_lr(), device, false,
                              "FusedOptimizer::sync_lr()", g);
   }
