@@ -1,16 +1,19 @@
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <amp/autocast.h>
+#include <amp/model_cast.h>
 
 namespace amp {
 
@@ -22,6 +25,9 @@ struct ForwardPolicy {
   bool cast_inputs = false;
   c10::ScalarType half_dtype = c10::ScalarType::Half;
   c10::DeviceType device_type = c10::DeviceType::CPU;
+  /// keep_layernorm_fp32 under a model cast: the fp32 LayerNorm/GroupNorm modules whose ops get half casts of
+  /// their parameters during the forward (Note [kept norms under a model cast] in amp/model_cast.h).
+  std::vector<std::shared_ptr<torch::nn::Module>> kept_norms;
 
   template <typename T>
   decltype(auto) input(T&& arg) const {
@@ -49,6 +55,8 @@ struct ForwardPolicy {
   auto run(F&& f, Args&&... args) const {
     std::optional<AutocastScope> scope;
     if (autocast) scope.emplace(device_type, half_dtype);
+    std::optional<KeptNormCast> norms;
+    if (!kept_norms.empty()) norms.emplace(kept_norms, half_dtype);
     try {
       return output(f(input(std::forward<Args>(args))...));
     } catch (const c10::Error& e) {

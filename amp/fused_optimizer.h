@@ -15,6 +15,12 @@ class FusedOptimizer {
   /// bit-identical when found_inf (1-element fp32 on the parameters' device) is nonzero. model_params is empty,
   /// or one tensor per held parameter (in param-group order) receiving the updated value rounded to its dtype.
   virtual void fused_step(at::TensorList model_params, const at::Tensor& found_inf) = 0;
+  /// Writes each param group's host learning rate (options().get_lr()) to the device tensor the step reads, where
+  /// it changed since the last write (a device fill; no host sync). step() does this itself outside a CUDA graph
+  /// capture; a replayed graph runs no host code, so with a learning-rate schedule call sync_lr() after changing
+  /// lr and before each replay. Groups that have not stepped yet are left for their first step. Refused while the
+  /// parameters' stream is capturing. See Note [capture-safe step] (kernels/capture.h); untested on a GPU so far.
+  virtual void sync_lr() = 0;
 };
 
 }  // namespace amp

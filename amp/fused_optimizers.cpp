@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
+#include <amp/device_lr.h>
+#include <kernels/capture.h>
 #include <kernels/fused_optimizers.h>
 
 namespace amp {
@@ -114,15 +116,29 @@ void run_groups(const std::vector<torch::optim::OptimizerParamGroup>& groups, st
     const auto& held = groups[g].params();
     State& st = states[g];
     if (held.empty()) continue;
-    const double lr = groups[g].options().get_lr();
-    if (!st.lr.defined()) st.lr = device_scalar(held[0], lr);
-    st.lr.fill_(lr);  // a device fill, no sync: schedulers may change lr between steps
+    // Written outside a CUDA graph capture only, when the host value changed (Note [capture-safe step]).
+    detail::update_device_lr(st.lr, st.lr_written, groups[g].options().get_lr(), held[0].device(),
+                             kernels::is_capturing(held[0].device()), "fused optimizer step()", g);
     prepare(g, held, st);
     StepLists direct, mastered;
     split_group(held, model_params, first, direct, mastered);
     first += held.size();
     if (!direct.params.empty()) launch(g, direct);
     if (!mastered.params.empty()) launch(g, mastered);
+  }
+}
+
+/// FusedOptimizer::sync_lr for either optimizer: every group that has stepped gets its host lr on the device.
+template <typename State>
+void sync_group_lrs(const std::vector<torch::optim::OptimizerParamGroup>& groups, std::vector<State>& states) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].params().empty()) continue;
+    const c10::Device device = groups[g].params()[0].device();
+    kernels::check_not_capturing(device, "FusedOptimizer::sync_lr()",
+                                 "call it before the capture or between replays, where its write takes effect");
+    if (g >= states.size() || !states[g].lr.defined()) continue;  // created by the group's first step
+    detail::update_device_lr(states[g].lr, states[g].lr_written, groups[g].options().get_lr(), device, false,
+                             "FusedOptimizer::sync_lr()", g);
   }
 }
 
@@ -176,6 +192,8 @@ at::Tensor FusedAdam::step(LossClosure closure) {
 }
 
 void FusedAdam::fused_step(at::TensorList model_params, const at::Tensor& found_inf) { run(model_params, found_inf); }
+
+void FusedAdam::sync_lr() { sync_group_lrs(param_groups_, groups_state_); }
 
 void FusedAdam::run(at::TensorList model_params, const at::Tensor& found_inf) {
   auto options_of = [&](size_t g) -> const FusedAdamOptions& {
@@ -256,6 +274,8 @@ at::Tensor FusedSGD::step(LossClosure closure) {
 }
 
 void FusedSGD::fused_step(at::TensorList model_params, const at::Tensor& found_inf) { run(model_params, found_inf); }
+
+void FusedSGD::sync_lr() { sync_group_lrs(param_groups_, groups_state_); }
 
 void FusedSGD::run(at::TensorList model_params, const at::Tensor& found_inf) {
   auto options_of = [&](size_t g) -> const FusedSgdOptions& {

@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
+#include <kernels/capture.h>
 #include <kernels/loss_scale.h>
 #include <kernels/unscale.h>
 
@@ -47,6 +48,7 @@ struct LossScaler::Snapshot {
   at::Tensor host;  // pinned on CUDA
   std::optional<c10::Event> event;
   int64_t step = -1;
+  int64_t sequence = -1;  // the order snapshots were taken in (after a capture several may carry the same step)
 };
 
 LossScaler::LossScaler(const LossScalerConfig& config, const c10::Device& device) : config_(config), device_(device) {
@@ -105,11 +107,19 @@ void LossScaler::update() {
 }
 
 void LossScaler::take_snapshot() {
+  // Note [capture-safe step] (kernels/capture.h): no copy to the host and no event while capturing; the next
+  // diagnostics() outside the capture takes the snapshot, and from then on every read does (replays update the
+  // device state without host code).
+  if (kernels::is_capturing(device_)) {
+    snapshot_on_read_ = true;
+    return;
+  }
   auto& slot = *snapshots_[snapshot_slot_];
   snapshot_slot_ = (snapshot_slot_ + 1) % kSnapshotSlots;
   const at::Tensor staged = at::cat({scale_.to(at::kDouble), found_inf_.to(at::kDouble), first_index_.to(at::kDouble),
                                      skipped_steps_, floor_overflows_});
   slot.step = steps_;
+  slot.sequence = ++snapshots_taken_;
   if (device_.is_cpu()) {
     slot.host.copy_(staged);
     return;
@@ -132,16 +142,24 @@ ScalerDiagnostics LossScaler::read_snapshot(const at::Tensor& host) const {
 }
 
 ScalerDiagnostics LossScaler::diagnostics() {
+  if (kernels::is_capturing(device_)) return last_read_;  // no event query, no host read while capturing
+  // After a captured update the device state moves with every replay: start a snapshot (into a slot already read),
+  // which this call returns when it has completed (on the CPU: always) and a later one otherwise.
+  if (snapshot_on_read_ && snapshots_[snapshot_slot_]->sequence <= last_read_sequence_) take_snapshot();
   for (const auto& slot : snapshots_) {
-    if (slot->step <= last_read_.step) continue;
+    if (slot->sequence <= last_read_sequence_) continue;
     if (slot->event && !slot->event->query()) continue;
     last_read_ = read_snapshot(slot->host);
     last_read_.step = slot->step;
+    last_read_sequence_ = slot->sequence;
   }
   return last_read_;
 }
 
 ScalerDiagnostics LossScaler::diagnostics_now() {
+  kernels::check_not_capturing(device_, "LossScaler::diagnostics_now()",
+                               "it waits for the device; use diagnostics() (read lazily) or call it after the capture");
+  if (snapshot_on_read_) take_snapshot();  // replays may have moved the state since the last snapshot
   for (const auto& slot : snapshots_) {
     if (slot->event) slot->event->synchronize();
   }

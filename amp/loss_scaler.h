@@ -73,9 +73,13 @@ class LossScaler {
   /// Number of update() calls so far: the `step` a snapshot taken by the latest update() will carry.
   int64_t diagnostics_step() const { return steps_; }
 
-  /// The newest snapshot whose copy has completed: on CUDA usually the previous step's; never blocks.
+  /// The newest snapshot whose copy has completed: on CUDA usually the previous step's; never blocks. While the
+  /// stream captures a CUDA graph, update() takes no snapshot and this returns the last one read without touching
+  /// the device; once an update() has been captured, each call outside capture starts a fresh snapshot that a
+  /// later call reads (replays run no host code, and `step` does not count them).
   ScalerDiagnostics diagnostics();
-  /// Blocks until the latest snapshot is available and returns it (a host sync: not for the step path).
+  /// Blocks until the latest snapshot is available and returns it (a host sync: not for the step path). Refused
+  /// while the stream captures a CUDA graph.
   ScalerDiagnostics diagnostics_now();
 
   /// Saves / restores scale, trackers and counters (bit for bit). load() checks the config matches and leaves
@@ -97,6 +101,9 @@ class LossScaler {
   struct Snapshot;
   std::vector<std::shared_ptr<Snapshot>> snapshots_;
   int64_t snapshot_slot_ = 0;
+  int64_t snapshots_taken_ = 0;
+  int64_t last_read_sequence_ = -1;
+  bool snapshot_on_read_ = false;  // an update() was captured in a CUDA graph: snapshots are taken by the reads
   ScalerDiagnostics last_read_;
 };
 

@@ -15,6 +15,7 @@
 #include <amp/model_cast.h>
 #include <ddp/bucket_copy.h>
 #include <ddp/distributed_data_parallel.h>
+#include <kernels/capture.h>
 #include <kernels/scaled_copy.h>
 #include <kernels/unscale.h>
 
@@ -97,6 +98,9 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
   forward_.cast_inputs = policy_.cast_model_type != at::kFloat;
   forward_.half_dtype = policy_.half_dtype;
   forward_.device_type = device_.type();
+  if (policy_.cast_model_type != at::kFloat && policy_.keep_layernorm_fp32) {
+    forward_.kept_norms = layer_and_group_norms(module);
+  }
   for (int64_t i = 0; i < policy_.num_losses; ++i) {
     scalers_.push_back(std::make_unique<LossScaler>(LossScalerConfig::from(policy_), device_));
   }
@@ -352,6 +356,13 @@ at::Tensor State::step() {
               "step() while gradients are still scaled: the last scale_loss used delay_unscale=true; "
               "finish the accumulation with delay_unscale=false before stepping");
   at::Tensor result;
+  // Note [capture-safe step] (kernels/capture.h): only the fused path launches nothing but device work.
+  const bool capturing = kernels::is_capturing(device_);
+  TORCH_CHECK(fused_ != nullptr || !capturing,
+              "amp::Optimizer::step() with a plain torch::optim optimizer cannot be captured in a CUDA graph on ",
+              device_,
+              ": it reads the overflow flag on the host. Use amp::FusedAdam, FusedAdamW or FusedSGD, or step "
+              "outside the capture");
   if (fused_ != nullptr) {
     std::vector<at::Tensor> models;
     if (policy_.master_weights) {
@@ -379,7 +390,7 @@ at::Tensor State::step() {
   step_found_inf_.zero_();
   unscaled_this_step_ = false;
   ++steps_;
-  check_diagnostics();
+  if (!capturing) check_diagnostics();  // host reads: outside the capture only (replays run no host code)
   return result;
 }
 

@@ -444,6 +444,15 @@ class DistributedDataParallel::Impl {
         reduced.params.push_back(params_[pi].tensor);
         reduced.grads.push_back(params_[pi].tensor.grad());
       }
+      // The bucket and the gradients were allocated on other streams (the forward's and backward's may be any) and
+      // are written here on the communication stream: the caching allocator must not hand their memory out again
+      // before that work has run, whichever stream frees them (the join event orders only the caller's stream).
+      if (comm_stream_) {
+        b.buffer.record_stream(*comm_stream_);
+        for (const at::Tensor& grad : reduced.grads) {
+          if (grad.defined()) grad.record_stream(*comm_stream_);
+        }
+      }
       try {
         const bool consumed = bucket_consumer_ && bucket_consumer_(reduced);
         if (!consumed) detail::copy_from_bucket(b.buffer, reduced.grads, average_scale);

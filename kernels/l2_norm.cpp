@@ -32,11 +32,11 @@ namespace {
 
 /// The slot table of Note [deterministic two-stage norm], filled on the host: tensor i owns slots
 /// [table[i], table[i + 1]), one per chunk (the CUDA launcher counts the same chunks: static_assert in
-/// kernels/cuda/l2_norm.cu). For a CUDA call it lives in pinned memory, so that the copy to the device is
-/// asynchronous (the caching host allocator keeps the buffer until the copy has run).
-at::Tensor slot_table(at::TensorList tensors, bool pinned) {
+/// kernels/cuda/l2_norm.cu). A CUDA call hands it to the device in kernel parameters (cuda::write_slot_table), never
+/// through a host buffer, so a launch captured in a CUDA graph replays with these values.
+at::Tensor slot_table(at::TensorList tensors) {
   const auto n = static_cast<int64_t>(tensors.size());
-  at::Tensor table = at::empty({n + 1}, at::TensorOptions().dtype(at::kLong).pinned_memory(pinned));
+  at::Tensor table = at::empty({n + 1}, at::TensorOptions().dtype(at::kLong));
   auto* base = table.data_ptr<int64_t>();
   base[0] = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -54,7 +54,7 @@ L2NormResult norm_of_groups(at::TensorList tensors, const std::vector<PointerLis
   L2NormResult result{at::empty({}, options), per_tensor ? at::empty({n}, options) : at::Tensor()};
   float* total = result.total.data_ptr<float>();
   float* per = per_tensor ? result.per_tensor.data_ptr<float>() : nullptr;
-  const at::Tensor host_slots = slot_table(tensors, device.is_cuda());
+  const at::Tensor host_slots = slot_table(tensors);
   const int64_t num_slots = host_slots.data_ptr<int64_t>()[n];
   // Every slot is written by stage 1 before stage 2 reads it: no zeroing needed.
   const at::Tensor partials = at::empty({num_slots}, options.dtype(at::kDouble));
@@ -68,8 +68,9 @@ L2NormResult norm_of_groups(at::TensorList tensors, const std::vector<PointerLis
       },
       [&]([[maybe_unused]] CudaStreamHandle stream) {
 #ifdef LIBTORCH_AMP_WITH_CUDA
-        const at::Tensor device_slots = host_slots.to(device, at::kLong, /*non_blocking=*/true);
-        const auto* slots = device_slots.data_ptr<int64_t>();
+        const at::Tensor device_slots = at::empty({n + 1}, options.dtype(at::kLong));
+        auto* slots = device_slots.data_ptr<int64_t>();
+        cuda::write_slot_table(host_slots.data_ptr<int64_t>(), n + 1, slots, stream);
         for (const PointerLists<1>& group : groups) cuda::l2_norm_partials(group, slots, inv_scale, work, stream);
         cuda::l2_norm_reduce(work, slots, n, num_slots, total, per, found_inf, stream);
 #endif

@@ -35,9 +35,11 @@ struct L2NormResult {
 ///             tensors * inv_scale (multiplied in fp32, element by element, before squaring), e.g. the norm of
 ///             loss-scaled gradients as if they had been unscaled. The tensors are never modified.
 /// CUDA: stage 1 is one fused launch per dtype (per chunk table), stage 2 one launch, on the current stream;
-///       the workspace comes from the caching allocator and the slot table is copied asynchronously from pinned
-///       memory. Never syncs the host. Not for CUDA-graph capture: a replay would re-read the recycled pinned
-///       buffer.
+///       the workspace comes from the caching allocator and the slot table is written on the device by a launch
+///       that carries it in its parameters. Never syncs the host and reads no host memory from the device, so it
+///       can be captured in a CUDA graph (Note [capture-safe step] in kernels/capture.h; untested on a GPU so far).
+///       Each element goes to the same thread whatever the tensor's alignment: a tensor and a misaligned view with
+///       the same values give the same bits.
 L2NormResult l2_norm(at::TensorList tensors, bool per_tensor = false, const at::Tensor& inv_scale = {});
 
 /// Clips gradients in place like torch::nn::utils::clip_grad_norm_ (L2 norm), without a host sync: computes
@@ -51,7 +53,7 @@ L2NormResult l2_norm(at::TensorList tensors, bool per_tensor = false, const at::
 ///            finite; never cleared here: the caller zeroes it (so it can share the flag of unscale_and_check_).
 /// Returns the total norm before clipping, a 0-dim float32 tensor on the grads' device (CPU for an empty list).
 /// CUDA: the l2_norm launches plus one fused scaling launch per dtype, on the current stream; never syncs the
-/// host (the coefficient is read by the scaling kernel from device memory).
+/// host (the coefficient is read by the scaling kernel from device memory); capturable like l2_norm.
 at::Tensor clip_grad_norm_(at::TensorList grads, double max_norm, const at::Tensor& found_inf = {});
 
 }  // namespace kernels

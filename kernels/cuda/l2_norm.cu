@@ -42,6 +42,12 @@ __device__ __forceinline__ float scaled_square(T value, float inv_scale) {
   return x * x;
 }
 
+// Note [alignment-independent sums]
+// Each thread's fp32 sum depends on which elements it adds and in which order. Splitting aligned chunks by
+// 16-byte vectors and misaligned ones element by element (as transform_chunk may, which is harmless for an
+// element-wise op) would give a tensor and an offset view holding the same values different bits. The norm
+// therefore uses the vector mapping for both and only chooses how to load.
+
 /// Stage 1: one block per chunk writes the chunk's sum of squares to its own slot (no atomics).
 template <typename T>
 struct SumOfSquaresFunctor {
@@ -50,21 +56,29 @@ struct SumOfSquaresFunctor {
     const Chunk chunk = chunk_of_block(table, block);
     const T* data = static_cast<const T*>(table.addresses[0][chunk.tensor]) + chunk.begin;
     const float inv_scale = inv_scale_ptr != nullptr ? *inv_scale_ptr : 1.0f;
+    // One element-to-thread mapping whatever the address (Note [alignment-independent sums]): thread t owns the
+    // kVec-element groups t, t + blockDim.x, ... and then the tail elements n_groups * kVec + t, + blockDim.x, ...,
+    // and adds their squares in that order. Only the load differs: one 16-byte vector where `data` is aligned,
+    // kVec scalar loads where it is not.
+    constexpr int kVec = kVectorElements<T>;
+    const bool aligned = is_aligned16(data);
+    const int64_t n_groups = chunk.num_elements / kVec;
     float acc = 0.0f;
-    int64_t i = 0;
-    if (is_aligned16(data)) {
-      constexpr int kVec = kVectorElements<T>;
-      const auto* vectors = reinterpret_cast<const Vector16<T>*>(data);
-      const int64_t n_vectors = chunk.num_elements / kVec;
 #pragma unroll 4
-      for (int64_t v = threadIdx.x; v < n_vectors; v += blockDim.x) {
-        const Vector16<T> x = vectors[v];
+    for (int64_t v = threadIdx.x; v < n_groups; v += blockDim.x) {
+      Vector16<T> x;
+      if (aligned) {
+        x = reinterpret_cast<const Vector16<T>*>(data)[v];
+      } else {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) acc += scaled_square(x.values[k], inv_scale);
+        for (int k = 0; k < kVec; ++k) x.values[k] = data[v * kVec + k];
       }
-      i = n_vectors * kVec;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc += scaled_square(x.values[k], inv_scale);
     }
-    for (int64_t j = i + threadIdx.x; j < chunk.num_elements; j += blockDim.x) acc += scaled_square(data[j], inv_scale);
+    for (int64_t j = n_groups * kVec + threadIdx.x; j < chunk.num_elements; j += blockDim.x) {
+      acc += scaled_square(data[j], inv_scale);
+    }
     const double sum = block_sum(static_cast<double>(acc));
     if (threadIdx.x == 0) partials[slot_base[table.original_index[chunk.tensor]] + table.block_chunk[block]] = sum;
   }
@@ -105,7 +119,36 @@ struct ClipFunctor {
   }
 };
 
+/// The slot table travels in the kernel parameters: a captured launch replays with these values and reads no host
+/// memory (a copy from a pinned buffer would re-read it at replay, after it was freed).
+struct SlotTableSegment {
+  static constexpr int64_t kMaxValues =
+      (kKernelParamBytes - kReservedParamBytes) / static_cast<int64_t>(sizeof(int64_t)) - 2;
+  int64_t first;
+  int64_t count;
+  int64_t values[kMaxValues];
+};
+static_assert(sizeof(SlotTableSegment) + kReservedParamBytes <= kKernelParamBytes,
+              "slot table segment exceeds the kernel parameter space");
+
+__global__ void __launch_bounds__(kBlockThreads)
+    write_slot_table_kernel(const __grid_constant__ SlotTableSegment segment, int64_t* slot_base) {
+  for (int64_t i = threadIdx.x; i < segment.count; i += blockDim.x) slot_base[segment.first + i] = segment.values[i];
+}
+
 }  // namespace
+
+void write_slot_table(const int64_t* host_table, int64_t num_entries, int64_t* slot_base, cudaStream_t stream) {
+  constexpr int64_t kValuesPerLaunch = SlotTableSegment::kMaxValues;
+  SlotTableSegment segment;
+  for (int64_t first = 0; first < num_entries; first += kValuesPerLaunch) {
+    segment.first = first;
+    segment.count = num_entries - first < kValuesPerLaunch ? num_entries - first : kValuesPerLaunch;
+    for (int64_t i = 0; i < segment.count; ++i) segment.values[i] = host_table[first + i];
+    write_slot_table_kernel<<<1, kBlockThreads, 0, stream>>>(segment, slot_base);
+    LTA_CUDA_CHECK_LAUNCH("write_slot_table_kernel");
+  }
+}
 
 void l2_norm_partials(const PointerLists<1>& lists, const int64_t* slot_base, const float* inv_scale, double* partials,
                       cudaStream_t stream) {

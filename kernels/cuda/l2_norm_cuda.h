@@ -12,6 +12,11 @@ namespace kernels::cuda {
 // of the caller's original list plus one: tensor i owns workspace slots [slot_base[i], slot_base[i + 1]), one
 // per kChunkElements-element chunk. All pointers are device pointers; everything runs on `stream`, no host sync.
 
+/// Copies the host slot table host_table[0, num_entries) to the device array slot_base, passing the values in
+/// kernel parameters (one launch per ~4,000 entries) rather than through a host buffer: safe to capture in a CUDA
+/// graph (the values are part of the graph), and host_table may be freed as soon as this returns.
+void write_slot_table(const int64_t* host_table, int64_t num_entries, int64_t* slot_base, cudaStream_t stream);
+
 /// Stage 1: for every chunk c of every tensor of `lists` (one dtype), writes the sum over the chunk of
 /// (x * *inv_scale)^2 (fp32 squares and per-thread sums, fp64 block sum) to
 /// partials[slot_base[original index] + c]. inv_scale may be null (then 1).

@@ -11,6 +11,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#ifdef LIBTORCH_AMP_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include "ddp/ddp_test_util.h"
 #include "test_util.h"
 
@@ -654,6 +659,38 @@ TEST(DistributedDataParallelTest, GlooWithCudaTensorsMatchesFullBatchGradients) 
     }
   });
   if (!ran) GTEST_SKIP() << "needs a CUDA GPU; none is present";
+}
+
+// Forward and backward on a non-default stream: DDP writes the averaged gradients on its communication stream into
+// tensors allocated on that stream (record_stream keeps the allocator from reusing them early). Step after step, with
+// the freed gradients' memory churned by new allocations, the gradients are those of full-batch training.
+TEST(DistributedDataParallelTest, GlooWithCudaTensorsOnASideStreamMatchesFullBatchGradients) {
+  LTA_REQUIRE_GLOO();
+#ifdef LIBTORCH_AMP_WITH_CUDA
+  const uint64_t seed = test_util::fresh_seed();
+  const bool ran = run_ranks_on_gpu("gloo", kWorld, [seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = make_data(seed + 200);
+    Mlp ref = make_model(seed, 0);
+    ref->to(torch::kCUDA);
+    torch::mse_loss(ref->forward(data.x.cuda()), data.y.cuda()).backward();
+    const Data mine = shard(data, rank, pg.size());
+    Mlp model = make_model(seed, rank);
+    model->to(torch::kCUDA);
+    ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002));
+    const c10::cuda::CUDAStreamGuard on_side_stream(c10::cuda::getStreamFromPool());
+    for (int step = 0; step < 3; ++step) {
+      model->zero_grad();
+      torch::mse_loss(ddp.forward(mine.x.cuda()), mine.y.cuda()).backward();
+      std::vector<torch::Tensor> churn;
+      for (int i = 0; i < 8; ++i) churn.push_back(torch::full({4096}, 7.0f, torch::kCUDA));
+      check_close(grads_of(*model), grads_of(*ref), 1e-4, 1e-5,
+                  c10::str("rank ", rank, " step ", step, " (side stream)"));
+    }
+  });
+  if (!ran) GTEST_SKIP() << "needs a CUDA GPU; none is present";
+#else
+  GTEST_SKIP() << "libtorch_amp was built without CUDA (LIBTORCH_AMP_CUDA=OFF)";
+#endif
 }
 
 }  // namespace

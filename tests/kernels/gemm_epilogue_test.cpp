@@ -35,6 +35,7 @@ bool takes_bias(Epilogue e) {
   return e == Epilogue::kBias || e == Epilogue::kReluBias || e == Epilogue::kGeluBias || e == Epilogue::kGeluAuxBias;
 }
 bool takes_gelu_input(Epilogue e) { return e == Epilogue::kDGelu || e == Epilogue::kDGeluBGrad; }
+bool has_bias_gradient(Epilogue e) { return e == Epilogue::kBGradB || e == Epilogue::kDGeluBGrad; }
 
 struct Operands {
   torch::Tensor a, b, bias, gelu_input;
@@ -105,6 +106,15 @@ class GemmEpilogueTest : public ::testing::Test {
     in.a = random({s.m, s.k}, device);
     in.b = random({s.n, s.k}, device).t();
     if (takes_bias(e)) in.bias = random({s.n}, device);
+    if (takes_gelu_input(e)) in.gelu_input = random({s.m, s.n}, device);
+    return in;
+  }
+  // The layout amp::FusedDense calls these epilogues with (amp/fused_dense.cpp): BGRADB gets dy.t() (a
+  // column-major) and the row-major input; DGELU_BGRAD gets dy and the weight, both row-major.
+  Operands fused_dense_operands(const Shape& s, Epilogue e, const torch::Device& device) {
+    Operands in;
+    in.a = e == Epilogue::kBGradB ? random({s.k, s.m}, device).t() : random({s.m, s.k}, device);
+    in.b = random({s.k, s.n}, device);
     if (takes_gelu_input(e)) in.gelu_input = random({s.m, s.n}, device);
     return in;
   }
@@ -181,9 +191,19 @@ TYPED_TEST(GemmEpilogueTest, CudaCublasLtMatchesAtenPathAndReference) {
       if (aux && s.n % 8 != 0) {
         EXPECT_EQ(lt.path, GemmPath::kAten) << what;
         EXPECT_NE(lt.fallback_reason.find("multiple of 8"), std::string::npos) << lt.fallback_reason;
-      } else if (s.m % 8 == 0 && s.n % 8 == 0 && s.k % 8 == 0) {
+      } else if (s.m % 8 == 0 && s.n % 8 == 0 && s.k % 8 == 0 && !has_bias_gradient(e)) {
         // Shapes cuBLASLt takes whole (Apex's and PyTorch's epilogue calls assume them): it must run there.
         EXPECT_EQ(lt.path, GemmPath::kCublasLt) << what << ": " << lt.fallback_reason;
+      } else if (s.m % 8 == 0 && s.n % 8 == 0 && s.k % 8 == 0) {
+        // BGRADB / DGELU_BGRAD with this generic layout (a row-major, b column-major) is one Apex and Transformer
+        // Engine never use: the heuristic may refuse it, and must say so. In FusedDense's layout it must run.
+        if (lt.path == GemmPath::kAten) {
+          EXPECT_NE(lt.fallback_reason.find("heuristic"), std::string::npos) << what << ": " << lt.fallback_reason;
+        }
+        const Operands fd = this->fused_dense_operands(s, e, torch::kCUDA);
+        const auto fd_lt = kernels::gemm_epilogue(fd.a, fd.b, e, fd.bias, fd.gelu_input);
+        EXPECT_EQ(fd_lt.path, GemmPath::kCublasLt) << what << " (FusedDense's layout): " << fd_lt.fallback_reason;
+        this->check(fd_lt, fd, e, what + " (cuBLASLt, FusedDense's layout)");
       } else if (lt.path == GemmPath::kAten) {
         // Ragged shapes (batch 1, K = 1, odd strides) may be refused by the heuristic: then the reason says so.
         EXPECT_NE(lt.fallback_reason.find("heuristic"), std::string::npos) << what << ": " << lt.fallback_reason;

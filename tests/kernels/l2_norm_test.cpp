@@ -9,6 +9,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <kernels/capture.h>
+#ifdef LIBTORCH_AMP_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include "test_util.h"
 
 namespace {
@@ -281,7 +288,83 @@ TEST(L2NormTest, RejectsBadScalarTensors) {
                "found_inf must be a 1-element Float tensor on cpu, got 2 element(s) of Float on cpu");
 }
 
+// Note [alignment-independent sums] (kernels/cuda/l2_norm.cu): the same values give the same bits whether the tensor
+// starts on a 16-byte boundary or not. The CPU twin maps elements by their offset from the start (unaligned vector
+// loads), so it holds by construction there; the CUDA test below is the one that failed before the fix.
+std::vector<torch::Tensor> offset_views(const std::vector<torch::Tensor>& aligned, int64_t offset) {
+  std::vector<torch::Tensor> views;
+  for (const auto& t : aligned) {
+    auto base = torch::empty({t.numel() + offset}, t.options());
+    auto view = base.slice(0, offset);
+    view.copy_(t);
+    views.push_back(view);
+  }
+  return views;
+}
+
+TYPED_TEST(L2NormTest, MisalignedViewGivesTheSameBitsAsAlignedTensor) {
+  const auto aligned = this->random_list({1001, 65536 + 17, 5}, torch::kCPU);
+  for (int64_t offset : {1, 3}) {
+    const auto views = offset_views(aligned, offset);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(views[0].data_ptr()) % 16, 0u);
+    const auto a = kernels::l2_norm(aligned, true), b = kernels::l2_norm(views, true);
+    EXPECT_TRUE(same_bits(a.total, b.total)) << "offset " << offset;
+    EXPECT_TRUE(same_bits(a.per_tensor, b.per_tensor)) << "offset " << offset;
+  }
+}
+
 // --- CUDA: the kernels against their CPU twins (skipped without a GPU) ---
+
+TYPED_TEST(L2NormTest, CudaMisalignedViewGivesTheSameBitsAsAlignedTensor) {
+  LTA_REQUIRE_CUDA();
+  std::vector<torch::Tensor> aligned;
+  for (const auto& t : this->random_list({1001, 65536 + 17, 5, 3 * 65536}, torch::kCPU)) aligned.push_back(t.cuda());
+  for (int64_t offset : {1, 3, 5}) {
+    const auto views = offset_views(aligned, offset);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(views[0].data_ptr()) % 16, 0u);
+    const auto a = kernels::l2_norm(aligned, true), b = kernels::l2_norm(views, true);
+    EXPECT_TRUE(same_bits(a.total, b.total)) << "offset " << offset;
+    EXPECT_TRUE(same_bits(a.per_tensor, b.per_tensor)) << "offset " << offset;
+  }
+}
+
+// Captured in a CUDA graph, l2_norm and clip_grad_norm_ replay with their device slot table: replays after the
+// host side of the capture is long gone (and other allocations reused its memory) match eager calls bit for bit.
+TYPED_TEST(L2NormTest, CudaGraphReplayMatchesEagerCalls) {
+  LTA_REQUIRE_CUDA();
+#ifdef LIBTORCH_AMP_WITH_CUDA
+  std::vector<int64_t> sizes = kSizes;
+  for (int64_t n : tiny_sizes(300)) sizes.push_back(n);
+  std::vector<torch::Tensor> grads;
+  for (const auto& t : this->random_list(sizes, torch::kCPU)) grads.push_back(t.cuda());
+  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+  const c10::cuda::CUDAStreamGuard on_stream(stream);
+  auto found_inf = torch::zeros({1}, torch::kCUDA);
+  kernels::l2_norm(grads, true);  // warm-up outside the capture
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  EXPECT_TRUE(kernels::is_capturing(torch::Device(torch::kCUDA, 0)));
+  const auto captured = kernels::l2_norm(grads, true);
+  const auto captured_total = kernels::clip_grad_norm_(grads, 1.0, found_inf);
+  graph.capture_end();
+  for (int replay = 0; replay < 3; ++replay) {
+    for (auto& g : grads) g.normal_();  // new values in the same memory
+    std::vector<torch::Tensor> scratch;
+    for (int i = 0; i < 20; ++i) scratch.push_back(torch::empty({1 << 16}, torch::kLong).pin_memory());
+    const auto copies = clones(grads);
+    const auto expected = kernels::l2_norm(copies, true);
+    const auto expected_total = kernels::clip_grad_norm_(copies, 1.0);
+    graph.replay();
+    stream.synchronize();
+    EXPECT_TRUE(same_bits(captured.total, expected.total)) << "replay " << replay;
+    EXPECT_TRUE(same_bits(captured.per_tensor, expected.per_tensor)) << "replay " << replay;
+    EXPECT_TRUE(same_bits(captured_total, expected_total)) << "replay " << replay;
+    expect_same_bits(grads, copies, "captured clip differs from the eager one");
+  }
+#else
+  GTEST_SKIP() << "libtorch_amp was built without CUDA (LIBTORCH_AMP_CUDA=OFF)";
+#endif
+}
 
 TYPED_TEST(L2NormTest, CudaMatchesCpuTwin) {
   LTA_REQUIRE_CUDA();
