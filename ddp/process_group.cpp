@@ -171,6 +171,9 @@ constexpr std::chrono::milliseconds kRendezvousLogInterval{5000};
 constexpr std::chrono::milliseconds kMinRendezvousLogInterval{100};
 /// How often a waiting rank looks at the store (or the master's port): cheap for the store, quick to notice.
 constexpr std::chrono::milliseconds kRendezvousPollInterval{50};
+/// Where rank 0 leaves why it gave up, and how long it then waits for the other ranks to read it (two polls).
+constexpr const char* kGaveUpKey = "gave_up";
+constexpr std::chrono::milliseconds kServerGoodbye{2 * 50};
 /// The most groups of missing ranks named in one line; the count says how many there are in all.
 constexpr size_t kMaxRankGroupsNamed = 16;
 
@@ -285,13 +288,24 @@ class RendezvousWait {
       if (now >= deadline_ || now >= next_log_) {
         const std::vector<int> missing = missing_ranks(*store);
         if (now >= deadline_) {
-          give_up(rank_list(missing) + " never came (" + std::to_string(joined) + " of " +
-                  std::to_string(rdzv_.world_size) + " ranks joined)");
+          const std::string why = rank_list(missing) + " never came (" + std::to_string(joined) + " of " +
+                                  std::to_string(rdzv_.world_size) + " ranks joined)";
+          if (options.isServer) {
+            // Tell the ranks that did come, and give them a moment to read it before the store goes away with
+            // this process (else their next poll meets a closed socket, and LibTorch logs a backtrace).
+            store_call([&] { store->set(kGaveUpKey, why); });
+            std::this_thread::sleep_for(kServerGoodbye);
+          }
+          give_up(why);
         }
         log("waiting for " + std::to_string(rdzv_.world_size - joined) + " more rank" +
             (rdzv_.world_size - joined == 1 ? "" : "s") + " at " + where_ + " (missing: " + rank_list(missing) + ")");
       }
       sleep_a_little();
+      if (store_call([&] { return store->check({kGaveUpKey}); })) {
+        const std::vector<uint8_t> why = store_call([&] { return store->get(kGaveUpKey); });
+        give_up("rank 0, which hosts it, gave up: " + std::string(why.begin(), why.end()));
+      }
       joined = store_call([&] { return store->add("joined", 0); });
     }
     store->setTimeout(rdzv_.collective_timeout);  // from here on, store waits are part of building the backend
@@ -352,7 +366,7 @@ class RendezvousWait {
 
   /// A store operation; a failure means the master went away (rank 0 gave up or died) while we waited.
   template <typename Fn>
-  int64_t store_call(const Fn& fn) const {
+  auto store_call(const Fn& fn) const -> decltype(fn()) {
     try {
       return fn();
     } catch (const std::exception& e) {
@@ -364,7 +378,7 @@ class RendezvousWait {
   std::vector<int> missing_ranks(c10d::Store& store) const {
     std::vector<int> missing;
     for (int r = 0; r < rdzv_.world_size; ++r) {
-      const bool arrived = store_call([&] { return static_cast<int64_t>(store.check({"rank/" + std::to_string(r)})); });
+      const bool arrived = store_call([&] { return store.check({"rank/" + std::to_string(r)}); });
       if (!arrived) missing.push_back(r);
     }
     return missing;

@@ -224,7 +224,8 @@ WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
   exit.message = read_message(w);
   while (!exit.message.empty() && (exit.message.back() == '\n' || exit.message.back() == '\r')) exit.message.pop_back();
   exit.last_line = w.last_line;
-  exit.stopped_by_group = w.signalled;
+  // Ended by the group's signal; one that failed on its own meanwhile (its error came first) is not "stopped".
+  exit.stopped_by_group = w.signalled && WIFSIGNALED(status);
   exit.after_forwarded_signal = w.forwarded;
   const auto now = std::chrono::steady_clock::now();
   // A pipe that closed long before the worker was reaped was closed by the worker itself, not by its exit.

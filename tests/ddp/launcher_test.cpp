@@ -311,7 +311,8 @@ void expect_rendezvous_gives_up(const std::string& options, const std::vector<st
   Process launch(kLaunch + " --master-addr 127.0.0.1 --master-port " + std::to_string(ddp::detail::find_free_port()) +
                  " --rendezvous-timeout-s 2 --kill-grace-s 1 " + options + " " + kWorker + " train");
   EXPECT_EQ(exit_code(launch.wait(kLimit)), 1) << launch.output();
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(8)) << launch.output();
+  // Bounded by the 2 s timeout plus process start-up (seconds for LibTorch on a loaded machine), not 30 minutes.
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << launch.output();
   EXPECT_TRUE(contains_all(launch.output(), expected)) << options;
   EXPECT_EQ(launch.output().find("frame #"), std::string::npos) << launch.output();
 }

@@ -143,7 +143,7 @@ TEST(ProcessGroupTest, RankOneAloneWithoutAMasterGivesUpNamingRankZero) {
                                      "the master (rank 0) never came: Connection refused"}));
   EXPECT_TRUE(contains_all(log, {"ddp: rank 1: waiting for the master (rank 0) at " + where}));
   // The probe that replaced TCPStore's connect retries (back-offs of seconds) gives up on time.
-  EXPECT_LT(elapsed, timeout + milliseconds(1000));
+  EXPECT_LT(elapsed, timeout + milliseconds(2000));
 }
 
 TEST(ProcessGroupTest, RankZeroAloneWithWorldSizeTwoGivesUpNamingTheMissingRank) {
@@ -163,7 +163,7 @@ TEST(ProcessGroupTest, RankZeroAloneWithWorldSizeTwoGivesUpNamingTheMissingRank)
                                          " after 1 s: ranks 1-2 never came (1 of 3 ranks joined)",
                                      "DDP_RENDEZVOUS_TIMEOUT_S"}));
   EXPECT_TRUE(contains_all(log, {"ddp: rank 0: waiting for 2 more ranks at " + where + " (missing: ranks 1-2)"}));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, timeout + milliseconds(1000));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, timeout + milliseconds(2000));
 }
 
 TEST(ProcessGroupTest, RendezvousTimeoutComesFromTheEnvironmentWhenUnset) {
@@ -228,7 +228,7 @@ TEST(ProcessGroupTest, SpawnPassesItsTimeoutsToTheWorkers) {
   EXPECT_TRUE(contains_all(
       message, {"ddp::spawn: rank 0 of 2", "after 1 s: rank 1 never came", "then rank 1 (pid", "stopped by spawn"}))
       << message;
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   // Rank 1 joins, then never enters the barrier: rank 0's barrier fails after spawn's collective timeout.
   message = error_of([] {
     ddp::spawn(
