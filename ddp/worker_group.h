@@ -23,8 +23,9 @@ struct WorkerExit {
   bool stopped_by_group = false;
   /// A signal given to wait() (the launcher's SIGINT/SIGTERM) had been forwarded to it before it ended.
   bool after_forwarded_signal = false;
-  /// When it ended: when its captured stderr closed (the moment it exited, to within microseconds) if that was
-  /// shortly before it was reaped, else when it was reaped (within a few ms of its exit).
+  /// When it failed: the time of its last stderr line when it has one (its error message: a process may take a
+  /// while to tear down after it, while the peers it left fail at once), else when it ended: when its captured
+  /// stderr closed if that was shortly before it was reaped, else when it was reaped.
   std::chrono::steady_clock::time_point observed;
 };
 
@@ -57,10 +58,10 @@ class WorkerGroup {
   void add(int rank, int local_rank, pid_t pid, int message_fd = -1, int output_fd = -1);
 
   /// Waits until every worker has exited. When one fails (nonzero exit or a signal), sends SIGTERM to the
-  /// others, SIGKILL after `kill_grace`, reaps them, and returns every failure in the order they ended (see
-  /// WorkerExit::observed; the first is the root cause); returns an empty vector when all exited with 0.
-  /// `pending_signal`, when given, is polled: a nonzero value is a signal to forward to every worker (the launcher's
-  /// SIGINT/SIGTERM), after which it is reset to 0. Captured stderr goes to `forward_fd`.
+  /// others, SIGKILL after `kill_grace`, reaps them, and returns every failure in the order they failed (see
+  /// WorkerExit::observed; those the group stopped last; the first is the root cause); returns an empty vector when all
+  /// exited with 0. `pending_signal`, when given, is polled: a nonzero value is a signal to forward to every worker
+  /// (the launcher's SIGINT/SIGTERM), after which it is reset to 0. Captured stderr goes to `forward_fd`.
   std::vector<WorkerExit> wait(std::chrono::milliseconds kill_grace,
                                volatile std::sig_atomic_t* pending_signal = nullptr, int forward_fd = STDERR_FILENO);
 
@@ -80,6 +81,7 @@ class WorkerGroup {
     bool signalled;                                                      // by the group, after another worker failed
     bool forwarded;                                                      // a forwarded signal reached it
     std::optional<std::chrono::steady_clock::time_point> output_closed;  // when its stderr pipe reached its end
+    std::optional<std::chrono::steady_clock::time_point> last_line_at;   // when its last non-empty line came
   };
   /// Reaps `w` if it has exited (or blocks for it when `block`); returns its status when reaped.
   std::optional<int> reap(Worker& w, bool block);
