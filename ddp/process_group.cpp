@@ -1,10 +1,20 @@
 #include <ddp/process_group.h>
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include <ATen/Functions.h>
@@ -35,6 +45,8 @@ struct Rendezvous {
   int rank = 0;
   int world_size = 1;
   std::optional<int> local_rank;
+  std::chrono::milliseconds rendezvous_timeout = kDefaultRendezvousTimeout;
+  std::chrono::milliseconds collective_timeout = kDefaultTimeout;
 };
 
 constexpr int kMaxPort = 65535;
@@ -76,6 +88,19 @@ int env_int_or(const char* name, std::optional<int> explicit_value, const std::s
   return static_cast<int>(parsed);
 }
 
+/// A timeout: the option when set, else the environment variable (seconds, > 0), else the default.
+std::chrono::milliseconds timeout_from(const std::optional<std::chrono::milliseconds>& option, const char* env_name,
+                                       std::chrono::milliseconds fallback) {
+  if (option) return *option;
+  const char* value = std::getenv(env_name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const double seconds = std::strtod(value, &end);
+  TORCH_CHECK(*end == '\0' && std::isfinite(seconds) && seconds > 0 && seconds < 1e9, "environment variable ", env_name,
+              " must be a positive number of seconds, got '", value, "'");
+  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+}
+
 Rendezvous resolve(const InitOptions& options) {
   const std::string& method = options.init_method();
   Rendezvous rdzv;
@@ -98,6 +123,13 @@ Rendezvous resolve(const InitOptions& options) {
   TORCH_CHECK(rdzv.rank >= 0 && rdzv.rank < rdzv.world_size, "rank must be in [0, ", rdzv.world_size,
               ") for world_size ", rdzv.world_size, ", got ", rdzv.rank);
   TORCH_CHECK(!rdzv.master.host.empty(), "the master address is empty (init_method '", method, "')");
+  rdzv.collective_timeout = timeout_from(options.timeout(), kCollectiveTimeoutEnv, kDefaultTimeout);
+  rdzv.rendezvous_timeout =
+      timeout_from(options.rendezvous_timeout(), kRendezvousTimeoutEnv, kDefaultRendezvousTimeout);
+  TORCH_CHECK(rdzv.collective_timeout.count() > 0, "timeout (the collective timeout) must be > 0 ms, got ",
+              rdzv.collective_timeout.count());
+  TORCH_CHECK(rdzv.rendezvous_timeout.count() > 0, "rendezvous_timeout must be > 0 ms, got ",
+              rdzv.rendezvous_timeout.count());
   return rdzv;
 }
 
@@ -132,41 +164,240 @@ bool agent_hosts_store() {
 /// Our keys live under a prefix, so a store shared with torchrun's agent never sees them collide.
 constexpr const char* kStorePrefix = "libtorch_amp";
 
-/// Rank 0 listens and waits for all ranks to connect; the others connect. Every failure mode of TCPStore's
-/// constructor is turned into a sentence that names the endpoint and what to do.
-c10::intrusive_ptr<c10d::Store> connect_store(const Rendezvous& rdzv, std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<std::uint16_t>(rdzv.master.port);
-  store_options.isServer = rdzv.rank == 0 && !agent_hosts_store();
-  store_options.numWorkers = static_cast<std::size_t>(rdzv.world_size);
-  store_options.waitWorkers = true;
-  store_options.timeout = timeout;
-  try {
-    auto store = c10::make_intrusive<c10d::TCPStore>(rdzv.master.host, store_options);
-    return c10::make_intrusive<c10d::PrefixStore>(kStorePrefix, std::move(store));
-  } catch (const std::exception& e) {
-    const std::string why = cause_of(e);
-    if (store_options.isServer &&
-        (contains_case_insensitive(why, "already in use") || why.find("EADDRINUSE") != std::string::npos)) {
-      TORCH_CHECK(false, "rank 0 cannot host the rendezvous: port ", rdzv.master.port, " is already in use (",
-                  master_name(rdzv), "); pick a free port. Cause: ", why);
-    }
-    if (store_options.isServer) {
-      TORCH_CHECK(false, "rank 0 hosting the rendezvous at ", master_name(rdzv),
-                  " did not see all WORLD_SIZE=", rdzv.world_size, " ranks join within ", timeout.count(),
-                  " ms. Cause: ", why);
-    }
-    TORCH_CHECK(false, "rank ", rdzv.rank, " could not reach the master at ", master_name(rdzv), " within ",
-                timeout.count(), " ms (is rank 0 running, and is the address reachable from this host?). Cause: ", why);
-  }
+using Clock = std::chrono::steady_clock;
+
+/// How often a waiting rank says who it is waiting for, at most (a quarter of a shorter rendezvous timeout).
+constexpr std::chrono::milliseconds kRendezvousLogInterval{5000};
+constexpr std::chrono::milliseconds kMinRendezvousLogInterval{100};
+/// How often a waiting rank looks at the store (or the master's port): cheap for the store, quick to notice.
+constexpr std::chrono::milliseconds kRendezvousPollInterval{50};
+/// Where rank 0 leaves why it gave up, and how long it then waits for the other ranks to read it (two polls).
+constexpr const char* kGaveUpKey = "gave_up";
+constexpr std::chrono::milliseconds kServerGoodbye{2 * 50};
+/// The most groups of missing ranks named in one line; the count says how many there are in all.
+constexpr size_t kMaxRankGroupsNamed = 16;
+
+std::string endpoint_name(const Endpoint& endpoint) {
+  const bool ipv6 = endpoint.host.find(':') != std::string::npos;
+  std::ostringstream out;
+  out << (ipv6 ? "[" : "") << endpoint.host << (ipv6 ? "]" : "") << ":" << endpoint.port;
+  return out.str();
 }
+
+std::string seconds_text(std::chrono::milliseconds duration) {
+  std::ostringstream out;
+  out << static_cast<double>(duration.count()) / 1000.0 << " s";
+  return out.str();
+}
+
+/// "rank 3", "ranks 1, 4-7": ascending ranks, runs collapsed.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << (ranks.size() == 1 ? "rank " : "ranks ");
+  size_t groups = 0;
+  for (size_t i = 0; i < ranks.size(); ++groups) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (groups == kMaxRankGroupsNamed) {
+      out << ", ...";
+      break;
+    }
+    out << (groups > 0 ? ", " : "") << ranks[i];
+    if (j > i) out << "-" << ranks[j];
+    i = j + 1;
+  }
+  return out.str();
+}
+
+/// Tries once, for up to `timeout`, to open a TCP connection to host:port. Returns "" when something accepted
+/// it, else why not ("Connection refused", "cannot resolve 'host': ...").
+std::string try_connect(const Endpoint& endpoint, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* addresses = nullptr;
+  const int resolved = ::getaddrinfo(endpoint.host.c_str(), std::to_string(endpoint.port).c_str(), &hints, &addresses);
+  if (resolved != 0) return "cannot resolve '" + endpoint.host + "': " + ::gai_strerror(resolved);
+  std::string why = "no address for '" + endpoint.host + "'";
+  for (addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int error = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EINPROGRESS) {
+      pollfd waiting{fd, POLLOUT, 0};
+      if (::poll(&waiting, 1, static_cast<int>(timeout.count())) == 1) {
+        socklen_t length = sizeof(error);
+        if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) error = errno;
+      } else {
+        error = ETIMEDOUT;
+      }
+    }
+    ::close(fd);
+    if (error == 0) {
+      ::freeaddrinfo(addresses);
+      return "";
+    }
+    why = std::strerror(error);
+  }
+  ::freeaddrinfo(addresses);
+  return why;
+}
+
+/// The keys of one job, apart from those of an earlier attempt in a store shared with torchrun's agent (which
+/// keeps its store across restarts and says which attempt this is in TORCHELASTIC_RESTART_COUNT).
+std::string store_prefix() {
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return std::string(kStorePrefix) + (restart != nullptr && *restart != '\0' ? std::string("/") + restart : "");
+}
+
+/// Note [rendezvous that gives up]
+/// TCPStore's own wait for the workers is silent and counts connections, not ranks: rank 0 alone with
+/// WORLD_SIZE=2 waited the full timeout without a word, and its error could not say who was missing. So the
+/// store is opened without that wait, every rank registers "rank/<r>" and bumps "joined", and every rank polls
+/// "joined" until all WORLD_SIZE ranks are in, logging the missing ranks every few seconds and naming them when
+/// the rendezvous timeout expires. A rank other than 0 first probes the master's port itself, so that it can say
+/// it is waiting for the master instead of sitting inside TCPStore's connect retries.
+class RendezvousWait {
+ public:
+  explicit RendezvousWait(const Rendezvous& rdzv)
+      : rdzv_(rdzv),
+        where_(endpoint_name(rdzv.master)),
+        start_(Clock::now()),
+        deadline_(start_ + rdzv.rendezvous_timeout),
+        log_every_(std::clamp(rdzv.rendezvous_timeout / 4, kMinRendezvousLogInterval, kRendezvousLogInterval)),
+        next_log_(start_ + log_every_) {}
+
+  c10::intrusive_ptr<c10d::Store> run() {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(rdzv_.master.port);
+    options.isServer = rdzv_.rank == 0 && !agent_hosts_store();
+    options.waitWorkers = false;  // see the note: we wait for ranks ourselves
+    if (!options.isServer) wait_for_master();
+    options.timeout = remaining();
+    auto store = open_store(options);
+    const std::string rank_key = "rank/" + std::to_string(rdzv_.rank);
+    const int64_t claims = store_call([&] { return store->add(rank_key, 1); });
+    TORCH_CHECK(claims == 1, "rank ", rdzv_.rank, " arrived at the rendezvous at ", where_,
+                " twice: two processes were given RANK=", rdzv_.rank, " (check RANK, or --node-rank on every node)");
+    int64_t joined = store_call([&] { return store->add("joined", 1); });
+    while (joined < rdzv_.world_size) {
+      const auto now = Clock::now();
+      if (now >= deadline_ || now >= next_log_) {
+        const std::vector<int> missing = missing_ranks(*store);
+        if (now >= deadline_) {
+          const std::string why = rank_list(missing) + " never came (" + std::to_string(joined) + " of " +
+                                  std::to_string(rdzv_.world_size) + " ranks joined)";
+          if (options.isServer) {
+            // Tell the ranks that did come, and give them a moment to read it before the store goes away with
+            // this process (else their next poll meets a closed socket, and LibTorch logs a backtrace).
+            store_call([&] { store->set(kGaveUpKey, why); });
+            std::this_thread::sleep_for(kServerGoodbye);
+          }
+          give_up(why);
+        }
+        log("waiting for " + std::to_string(rdzv_.world_size - joined) + " more rank" +
+            (rdzv_.world_size - joined == 1 ? "" : "s") + " at " + where_ + " (missing: " + rank_list(missing) + ")");
+      }
+      sleep_a_little();
+      if (store_call([&] { return store->check({kGaveUpKey}); })) {
+        const std::vector<uint8_t> why = store_call([&] { return store->get(kGaveUpKey); });
+        give_up("rank 0, which hosts it, gave up: " + std::string(why.begin(), why.end()));
+      }
+      joined = store_call([&] { return store->add("joined", 0); });
+    }
+    store->setTimeout(rdzv_.collective_timeout);  // from here on, store waits are part of building the backend
+    return store;
+  }
+
+ private:
+  std::chrono::milliseconds remaining() const {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+
+  void sleep_a_little() const { std::this_thread::sleep_for(std::min(kRendezvousPollInterval, remaining())); }
+
+  void log(const std::string& what) {
+    std::cerr << "ddp: rank " << rdzv_.rank << ": " << what << " ["
+              << seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_)) << " of "
+              << seconds_text(rdzv_.rendezvous_timeout) << "]" << std::endl;
+    while (next_log_ <= Clock::now()) next_log_ += log_every_;
+  }
+
+  void give_up(const std::string& what) const {
+    TORCH_CHECK(false, "rank ", rdzv_.rank, " gave up on the rendezvous at ", where_, " after ",
+                seconds_text(rdzv_.rendezvous_timeout), ": ", what, " (the rendezvous timeout is set by ",
+                kRendezvousTimeoutEnv, ", ddp-launch --rendezvous-timeout-s or InitOptions::rendezvous_timeout)");
+  }
+
+  void wait_for_master() {
+    for (;;) {
+      const std::string why = try_connect(rdzv_.master, std::min(remaining(), log_every_));
+      if (why.empty()) return;
+      const std::string master = agent_hosts_store() ? "the launcher's store" : "the master (rank 0)";
+      if (Clock::now() >= deadline_) give_up(master + " never came: " + why);
+      if (Clock::now() >= next_log_) log("waiting for " + master + " at " + where_ + ": " + why);
+      sleep_a_little();
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> open_store(const c10d::TCPStoreOptions& options) const {
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(rdzv_.master.host, options);
+      return c10::make_intrusive<c10d::PrefixStore>(store_prefix(), std::move(store));
+    } catch (const std::exception& e) {
+      const std::string why = cause_of(e);
+      if (options.isServer &&
+          (contains_case_insensitive(why, "already in use") || why.find("EADDRINUSE") != std::string::npos)) {
+        TORCH_CHECK(false, "rank 0 cannot host the rendezvous: port ", rdzv_.master.port, " is already in use (",
+                    master_name(rdzv_), "); pick a free port. Cause: ", why);
+      }
+      if (options.isServer) {
+        TORCH_CHECK(false, "rank 0 cannot host the rendezvous at ", master_name(rdzv_), ". Cause: ", why);
+      }
+      TORCH_CHECK(false, "rank ", rdzv_.rank, " could not reach the master at ", master_name(rdzv_), " within ",
+                  seconds_text(rdzv_.rendezvous_timeout),
+                  " (is rank 0 running, and is the address reachable from this host?). Cause: ", why);
+    }
+  }
+
+  /// A store operation; a failure means the master went away (rank 0 gave up or died) while we waited.
+  template <typename Fn>
+  auto store_call(const Fn& fn) const -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "rank ", rdzv_.rank, " lost the rendezvous at ", where_,
+                  " while waiting for the other ranks (rank 0, which hosts it, probably exited). Cause: ", cause_of(e));
+    }
+  }
+
+  std::vector<int> missing_ranks(c10d::Store& store) const {
+    std::vector<int> missing;
+    for (int r = 0; r < rdzv_.world_size; ++r) {
+      const bool arrived = store_call([&] { return store.check({"rank/" + std::to_string(r)}); });
+      if (!arrived) missing.push_back(r);
+    }
+    return missing;
+  }
+
+  const Rendezvous& rdzv_;
+  const std::string where_;
+  const Clock::time_point start_;
+  const Clock::time_point deadline_;
+  const std::chrono::milliseconds log_every_;
+  Clock::time_point next_log_;
+};
 
 #ifdef LIBTORCH_AMP_HAVE_GLOO
 bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1"; }
 
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const Rendezvous& rdzv,
                                             const InitOptions& options) {
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(rdzv.collective_timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (!options.gloo_hostname().empty()) {
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname()));
@@ -197,7 +428,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
   // NCCL binds the communicator to the current device; set it before the first collective, as torchrun users do.
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-  nccl_options->timeout = options.timeout();
+  nccl_options->timeout = rdzv.collective_timeout;
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rdzv.rank, rdzv.world_size, nccl_options);
 }
 #endif
@@ -262,12 +493,11 @@ void ProcessGroup::barrier() const { wait(backend_->barrier(), "barrier"); }
 ProcessGroup init_process_group(const InitOptions& options) {
   const std::string& backend = options.backend();
   TORCH_CHECK(backend == "gloo" || backend == "nccl", "backend must be 'gloo' or 'nccl', got '", backend, "'");
-  TORCH_CHECK(options.timeout().count() > 0, "timeout must be > 0 ms, got ", options.timeout().count());
   const Rendezvous rdzv = resolve(options);
   TORCH_CHECK(backend_available(backend), "backend '", backend, "' is not built into this libtorch_amp: ",
               backend == "gloo" ? "install gloo's headers (apt-get install libgloo-dev) and reconfigure"
                                 : "configure with CUDA and NCCL found");
-  auto store = connect_store(rdzv, options.timeout());
+  auto store = RendezvousWait(rdzv).run();
   c10::intrusive_ptr<c10d::Backend> pg;
   c10::Device device = c10::kCPU;
   try {
@@ -282,13 +512,14 @@ ProcessGroup init_process_group(const InitOptions& options) {
 #endif
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", rdzv.rank, " could not build the ", backend, " process group with the ",
-                rdzv.world_size, " ranks met at ", master_name(rdzv), " within ", options.timeout().count(),
+                rdzv.world_size, " ranks met at ", master_name(rdzv), " within ", rdzv.collective_timeout.count(),
                 " ms. Cause: ", cause_of(e));
   }
-  return ProcessGroup(std::move(store), std::move(pg), backend, options.timeout(), device);
+  return ProcessGroup(std::move(store), std::move(pg), backend, rdzv.collective_timeout, device);
 }
 
-ProcessGroup init_process_group(const LaunchEnv& env, const std::string& backend, std::chrono::milliseconds timeout) {
+ProcessGroup init_process_group(const LaunchEnv& env, const std::string& backend,
+                                std::optional<std::chrono::milliseconds> timeout) {
   std::ostringstream url;
   const bool ipv6 = env.master_addr.find(':') != std::string::npos;
   url << "tcp://" << (ipv6 ? "[" : "") << env.master_addr << (ipv6 ? "]" : "") << ":" << env.master_port;

@@ -20,6 +20,15 @@ namespace ddp {
 /// that a lost peer ends the job instead of holding its machines forever. Tests pass seconds.
 constexpr std::chrono::milliseconds kDefaultTimeout{30 * 60 * 1000};
 
+/// How long the rendezvous waits for every rank to arrive (10 minutes, torchrun's join timeout): a node that
+/// never comes ends the job with an error naming the missing ranks instead of a silent half-hour wait.
+constexpr std::chrono::milliseconds kDefaultRendezvousTimeout{10 * 60 * 1000};
+
+/// Environment variables through which a launcher (ddp-launch --collective-timeout-s / --rendezvous-timeout-s,
+/// ddp::spawn's options) sets the two timeouts of workers that leave them unset in InitOptions. Seconds, > 0.
+constexpr const char* kCollectiveTimeoutEnv = "DDP_COLLECTIVE_TIMEOUT_S";
+constexpr const char* kRendezvousTimeoutEnv = "DDP_RENDEZVOUS_TIMEOUT_S";
+
 /// How to meet the other processes and which backend to talk through.
 struct InitOptions {
   /// "gloo" (CPU tensors, and CUDA tensors staged through the host) or "nccl" (CUDA tensors).
@@ -32,9 +41,15 @@ struct InitOptions {
   TORCH_ARG(std::optional<int>, rank) = std::nullopt;
   /// Overrides WORLD_SIZE; required with tcp:// when WORLD_SIZE is not set.
   TORCH_ARG(std::optional<int>, world_size) = std::nullopt;
-  /// Bounds the rendezvous (reaching the master, all ranks joining) and every collective: past it, the call
-  /// throws instead of waiting.
-  TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultTimeout;
+  /// The collective timeout: bounds every collective (and building the backend once all ranks have met); past
+  /// it, the call throws instead of waiting. Unset: DDP_COLLECTIVE_TIMEOUT_S (seconds) when set, else
+  /// kDefaultTimeout (30 minutes).
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  /// The rendezvous timeout: bounds reaching the master and waiting for all ranks to join. While waiting, each
+  /// rank logs "rank R: waiting for N more ranks at HOST:PORT" to stderr every few seconds (5 s, or a quarter of
+  /// the timeout when that is shorter); past it, the call throws an error naming the ranks that never came.
+  /// Unset: DDP_RENDEZVOUS_TIMEOUT_S (seconds) when set, else kDefaultRendezvousTimeout (10 minutes).
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, rendezvous_timeout) = std::nullopt;
   /// Gloo only: the address this rank's Gloo device binds to. Empty: GLOO_SOCKET_IFNAME when set, else the
   /// loopback address when the master is local (127.x, localhost), else the address the host name resolves to.
   TORCH_ARG(std::string, gloo_hostname) = "";
@@ -89,16 +104,20 @@ class ProcessGroup {
 /// Meets the other ranks as `options` says and returns the process group. Rank 0 hosts the rendezvous store
 /// (a TCPStore) on the master's port; every rank then builds the backend over it.
 ///
-/// Throws c10::Error naming the offending variable or value when: a launcher variable is missing or malformed;
-/// the init method is not env:// or tcp://host:port; the backend is unknown or not built in; the master's port
-/// is already in use (rank 0); the master cannot be reached, or not all WORLD_SIZE ranks join, within
-/// options.timeout(). Never waits longer than about options.timeout() per phase.
+/// Every rank registers its rank in the store and waits until all WORLD_SIZE ranks have, logging who is missing
+/// every few seconds (see InitOptions::rendezvous_timeout).
+///
+/// Throws c10::Error naming the offending variable or value when: a launcher variable (or a timeout variable) is
+/// missing or malformed; the init method is not env:// or tcp://host:port; the backend is unknown or not built
+/// in; the master's port is already in use (rank 0); two processes claim the same rank; the master cannot be
+/// reached, or not all WORLD_SIZE ranks join, within the rendezvous timeout (the error lists the ranks that
+/// never came); the backend cannot be built within the collective timeout.
 ProcessGroup init_process_group(const InitOptions& options = {});
 
 /// Shorthand: the environment contract already read (ddp::launch_env_from_environment()), a backend name, and
-/// a timeout.
+/// a collective timeout (unset: as InitOptions::timeout). The rendezvous timeout is InitOptions' default.
 ProcessGroup init_process_group(const LaunchEnv& env, const std::string& backend = "gloo",
-                                std::chrono::milliseconds timeout = kDefaultTimeout);
+                                std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
 /// Whether a backend ("gloo", "nccl") was compiled into this build of libtorch_amp.
 bool backend_available(const std::string& backend);

@@ -3,12 +3,15 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 
@@ -22,6 +25,28 @@ constexpr std::chrono::milliseconds kPollInterval{5};
 
 /// The most of a worker's failure message that is kept; a message is a sentence or a stack trace, not a log.
 constexpr size_t kMaxMessageBytes = 16 * 1024;
+
+/// How close to a worker's reaping its stderr must have closed to count as the moment it exited.
+constexpr std::chrono::milliseconds kExitCloseWindow{500};
+
+/// A worker's line longer than this is passed on in pieces (a line is a message, not a data dump).
+constexpr size_t kMaxLineBytes = 64 * 1024;
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // nowhere to write to: the output is lost, the supervision goes on
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+/// The line without its trailing carriage return and blanks; empty when nothing else is on it.
+std::string trimmed(std::string line) {
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+  return line;
+}
 
 void signal_worker(pid_t pid, int signal) {
   // The whole process group first (the worker and anything it started), the pid itself as a fallback for a
@@ -58,14 +83,41 @@ WorkerGroup::~WorkerGroup() {
       reap(w, /*block=*/true);
     }
     if (w.message_fd >= 0) ::close(w.message_fd);
+    if (w.output_fd >= 0) ::close(w.output_fd);
   }
 }
 
-void WorkerGroup::add(int rank, int local_rank, pid_t pid, int message_fd) {
+std::string describe_failures(const std::vector<WorkerExit>& failures, const std::string& prefix) {
+  std::ostringstream out;
+  for (size_t i = 0; i < failures.size(); ++i) {
+    const WorkerExit& f = failures[i];
+    out << prefix << (i == 0 ? "root cause: " : "consequence: ") << "rank " << f.rank << " (local rank " << f.local_rank
+        << ", pid " << f.pid << ") ";
+    if (f.stopped_by_group) {
+      out << describe_status(f.wait_status) << ", stopped after rank " << failures[0].rank << " failed";
+    } else {
+      out << describe_status(f.wait_status);
+      if (i > 0) {
+        const double later_s = std::chrono::duration<double>(f.observed - failures[0].observed).count();
+        out << " " << std::fixed << std::setprecision(2) << later_s << " s after rank " << failures[0].rank;
+        out.unsetf(std::ios::floatfield);
+      }
+    }
+    if (!f.message.empty()) out << ": " << f.message;
+    if (!f.last_line.empty() && f.last_line != f.message) out << "; its last stderr line: " << f.last_line;
+    out << "\n";
+  }
+  return out.str();
+}
+
+void WorkerGroup::add(int rank, int local_rank, pid_t pid, int message_fd, int output_fd) {
   // Also set from the parent, so that signals reach the worker's group even before the child ran setpgid.
   ::setpgid(pid, pid);
-  if (message_fd >= 0) ::fcntl(message_fd, F_SETFL, ::fcntl(message_fd, F_GETFL) | O_NONBLOCK);
-  workers_.push_back({rank, local_rank, pid, message_fd, true});
+  for (const int fd : {message_fd, output_fd}) {
+    if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+  workers_.push_back(
+      {rank, local_rank, pid, message_fd, output_fd, "", "", true, false, false, std::nullopt, std::nullopt});
 }
 
 std::optional<int> WorkerGroup::reap(Worker& w, bool block) {
@@ -101,53 +153,162 @@ std::string WorkerGroup::read_message(Worker& w) {
   return message;
 }
 
+void WorkerGroup::drain_output(Worker& w, int forward_fd, bool final) {
+  if (w.output_fd < 0) return;
+  char buffer[4096];
+  bool ended = false;
+  for (;;) {
+    const ssize_t n = ::read(w.output_fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ended = n == 0 || errno != EAGAIN;
+      break;
+    }
+    w.partial_line.append(buffer, static_cast<size_t>(n));
+    // Whole lines go out at once, so that lines of different workers never interleave mid-line.
+    const size_t end = w.partial_line.rfind('\n');
+    if (end != std::string::npos) {
+      write_all(forward_fd, w.partial_line.data(), end + 1);
+      for (size_t from = 0; from <= end;) {
+        const size_t newline = w.partial_line.find('\n', from);
+        const std::string line = trimmed(w.partial_line.substr(from, newline - from));
+        if (!line.empty()) {
+          w.last_line = line;
+          w.last_line_at = std::chrono::steady_clock::now();
+        }
+        from = newline + 1;
+      }
+      w.partial_line.erase(0, end + 1);
+    }
+    if (w.partial_line.size() > kMaxLineBytes) {
+      write_all(forward_fd, w.partial_line.data(), w.partial_line.size());
+      w.partial_line.clear();
+    }
+  }
+  if (!ended && !final) return;
+  if (ended) w.output_closed = std::chrono::steady_clock::now();
+  if (!w.partial_line.empty()) {  // a last line without its newline
+    const std::string line = trimmed(w.partial_line);
+    if (!line.empty()) {
+      w.last_line = line;
+      w.last_line_at = std::chrono::steady_clock::now();
+    }
+    w.partial_line += '\n';
+    write_all(forward_fd, w.partial_line.data(), w.partial_line.size());
+    w.partial_line.clear();
+  }
+  ::close(w.output_fd);
+  w.output_fd = -1;
+}
+
+void WorkerGroup::pump_output(std::chrono::milliseconds timeout, int forward_fd) {
+  std::vector<pollfd> fds;
+  std::vector<Worker*> owners;
+  for (Worker& w : workers_) {
+    if (w.output_fd < 0) continue;
+    fds.push_back({w.output_fd, POLLIN, 0});
+    owners.push_back(&w);
+  }
+  if (fds.empty()) {
+    std::this_thread::sleep_for(timeout);
+    return;
+  }
+  if (::poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) drain_output(*owners[i], forward_fd, /*final=*/false);
+  }
+}
+
+WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
+  // The worker is gone, so everything it wrote is in the pipe: read it all before naming its last line. (A
+  // process it started may still hold the pipe; what that one writes later is not waited for.)
+  drain_output(w, forward_fd, /*final=*/true);
+  WorkerExit exit;
+  exit.rank = w.rank;
+  exit.local_rank = w.local_rank;
+  exit.pid = w.pid;
+  exit.wait_status = status;
+  exit.message = read_message(w);
+  while (!exit.message.empty() && (exit.message.back() == '\n' || exit.message.back() == '\r')) exit.message.pop_back();
+  exit.last_line = w.last_line;
+  // Ended by the group's signal; one that failed on its own meanwhile (its error came first) is not "stopped".
+  exit.stopped_by_group = w.signalled && WIFSIGNALED(status);
+  exit.after_forwarded_signal = w.forwarded;
+  const auto now = std::chrono::steady_clock::now();
+  // A pipe that closed long before the worker was reaped was closed by the worker itself, not by its exit.
+  const bool closed_at_exit = w.output_closed && now - *w.output_closed < kExitCloseWindow;
+  exit.observed = closed_at_exit ? *w.output_closed : now;
+  // A failed worker's last line is its error, written when it failed: tearing a LibTorch process down can take
+  // longer than its peers take to fail after it (seen: 0.03 s the wrong way round), so that time comes first.
+  if (w.last_line_at) exit.observed = std::min(exit.observed, *w.last_line_at);
+  return exit;
+}
+
 void WorkerGroup::signal_all(int signal) {
   for (const Worker& w : workers_) {
     if (w.running) signal_worker(w.pid, signal);
   }
 }
 
-void WorkerGroup::terminate_rest(std::chrono::milliseconds kill_grace) {
+void WorkerGroup::terminate_rest(std::chrono::milliseconds kill_grace, int forward_fd,
+                                 std::vector<WorkerExit>& failures) {
+  for (Worker& w : workers_) w.signalled = w.running;
   signal_all(SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + kill_grace;
-  for (;;) {
+  auto reap_all = [&](bool block) {
     bool any_running = false;
     for (Worker& w : workers_) {
-      if (w.running) reap(w, /*block=*/false);
+      if (!w.running) continue;
+      const std::optional<int> status = reap(w, block);
+      if (status && *status != 0) failures.push_back(exit_of(w, *status, forward_fd));
+      if (status && *status == 0) drain_output(w, forward_fd, /*final=*/true);
       any_running = any_running || w.running;
     }
-    if (!any_running) return;
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(kPollInterval);
-  }
-  signal_all(SIGKILL);
-  for (Worker& w : workers_) {
-    if (w.running) reap(w, /*block=*/true);
+    return any_running;
+  };
+  while (reap_all(/*block=*/false)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      signal_all(SIGKILL);
+      reap_all(/*block=*/true);
+      break;
+    }
+    pump_output(kPollInterval, forward_fd);
   }
 }
 
-std::optional<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
-                                            volatile std::sig_atomic_t* pending_signal) {
+std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
+                                          volatile std::sig_atomic_t* pending_signal, int forward_fd) {
+  std::vector<WorkerExit> failures;
   for (;;) {
     if (pending_signal != nullptr && *pending_signal != 0) {
       const int signal = *pending_signal;
       *pending_signal = 0;
+      for (Worker& w : workers_) w.forwarded = w.forwarded || w.running;
       signal_all(signal);
     }
     bool any_running = false;
+    // Every worker found ended in this pass is recorded before the rest are stopped, so that a worker that failed
+    // on its own is not reported as stopped; they are ordered by when they ended at the end.
     for (Worker& w : workers_) {
       if (!w.running) continue;
       const std::optional<int> status = reap(w, /*block=*/false);
-      if (status && *status != 0) {
-        WorkerExit failure{w.rank, w.local_rank, w.pid, *status, read_message(w)};
-        terminate_rest(kill_grace);
-        return failure;
-      }
+      if (status && *status != 0) failures.push_back(exit_of(w, *status, forward_fd));
+      if (status && *status == 0) drain_output(w, forward_fd, /*final=*/true);
       any_running = any_running || w.running;
     }
-    if (!any_running) return std::nullopt;
-    std::this_thread::sleep_for(kPollInterval);
+    if (!failures.empty()) {
+      terminate_rest(kill_grace, forward_fd, failures);
+      break;
+    }
+    if (!any_running) break;
+    pump_output(kPollInterval, forward_fd);
   }
+  for (Worker& w : workers_) drain_output(w, forward_fd, /*final=*/true);
+  std::stable_sort(failures.begin(), failures.end(), [](const WorkerExit& a, const WorkerExit& b) {
+    if (a.stopped_by_group != b.stopped_by_group) return b.stopped_by_group;
+    return a.observed < b.observed;
+  });
+  return failures;
 }
 
 int find_free_port(const std::string& host) {

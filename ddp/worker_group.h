@@ -1,6 +1,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -15,8 +16,17 @@ struct WorkerExit {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = 0;
-  int wait_status = 0;  // as returned by waitpid
-  std::string message;  // what the worker reported before dying (spawn: the exception), may be empty
+  int wait_status = 0;    // as returned by waitpid
+  std::string message;    // what the worker reported before dying (spawn: the exception), may be empty
+  std::string last_line;  // the last non-empty line it wrote to its captured stderr, may be empty
+  /// The group had signalled it (SIGTERM/SIGKILL after another worker failed) before it ended: a consequence.
+  bool stopped_by_group = false;
+  /// A signal given to wait() (the launcher's SIGINT/SIGTERM) had been forwarded to it before it ended.
+  bool after_forwarded_signal = false;
+  /// When it failed: the time of its last stderr line when it has one (its error message: a process may take a
+  /// while to tear down after it, while the peers it left fail at once), else when it ended: when its captured
+  /// stderr closed if that was shortly before it was reaped, else when it was reaped.
+  std::chrono::steady_clock::time_point observed;
 };
 
 /// "exited with code 3" / "was killed by signal 9 (Killed)".
@@ -24,6 +34,11 @@ std::string describe_status(int wait_status);
 
 /// The shell's convention for a process's result: its exit code, or 128 + the signal that killed it.
 int exit_code_of(int wait_status);
+
+/// A torchrun-like failure summary, one line per failed worker, `prefix` before each: the first failure is
+/// "root cause: rank R (local rank L, pid P) exited with code C; its last stderr line: ...", the others follow
+/// as "consequence: ..." (those the group stopped say so). Empty for no failures.
+std::string describe_failures(const std::vector<WorkerExit>& failures, const std::string& prefix);
 
 /// The worker processes of one job on this host, supervised together: the first one that fails takes the others
 /// down, so a job never waits on a peer that is gone. Each worker runs in its own process group (set by the
@@ -36,16 +51,19 @@ class WorkerGroup {
   /// Kills (SIGKILL) and reaps the workers still running: a group never leaves orphans behind.
   ~WorkerGroup();
 
-  /// Adopts a started worker. `message_fd`, when >= 0, is the read end of a pipe the worker may write a failure
-  /// message into; the group closes it.
-  void add(int rank, int local_rank, pid_t pid, int message_fd = -1);
+  /// Adopts a started worker; the group closes the descriptors it is given. `message_fd`, when >= 0, is the read
+  /// end of a pipe the worker may write a failure message into. `output_fd`, when >= 0, is the read end of the
+  /// worker's stderr: the group copies it, line by line as it comes, to `forward_fd` given to wait(), and keeps
+  /// the last non-empty line for the failure summary.
+  void add(int rank, int local_rank, pid_t pid, int message_fd = -1, int output_fd = -1);
 
   /// Waits until every worker has exited. When one fails (nonzero exit or a signal), sends SIGTERM to the
-  /// others, SIGKILL after `kill_grace`, reaps them, and returns the first failure; returns nullopt when all
-  /// exited with 0. `pending_signal`, when given, is polled: a nonzero value is a signal to forward to every
-  /// worker (the launcher's SIGINT/SIGTERM), after which it is reset to 0.
-  std::optional<WorkerExit> wait(std::chrono::milliseconds kill_grace,
-                                 volatile std::sig_atomic_t* pending_signal = nullptr);
+  /// others, SIGKILL after `kill_grace`, reaps them, and returns every failure in the order they failed (see
+  /// WorkerExit::observed; those the group stopped last; the first is the root cause); returns an empty vector when all
+  /// exited with 0. `pending_signal`, when given, is polled: a nonzero value is a signal to forward to every worker
+  /// (the launcher's SIGINT/SIGTERM), after which it is reset to 0. Captured stderr goes to `forward_fd`.
+  std::vector<WorkerExit> wait(std::chrono::milliseconds kill_grace,
+                               volatile std::sig_atomic_t* pending_signal = nullptr, int forward_fd = STDERR_FILENO);
 
   /// Sends `signal` to every worker still running (to its process group).
   void signal_all(int signal);
@@ -56,12 +74,24 @@ class WorkerGroup {
     int local_rank;
     pid_t pid;
     int message_fd;
+    int output_fd;
+    std::string partial_line;  // captured stderr after its last newline
+    std::string last_line;
     bool running;
+    bool signalled;                                                      // by the group, after another worker failed
+    bool forwarded;                                                      // a forwarded signal reached it
+    std::optional<std::chrono::steady_clock::time_point> output_closed;  // when its stderr pipe reached its end
+    std::optional<std::chrono::steady_clock::time_point> last_line_at;   // when its last non-empty line came
   };
   /// Reaps `w` if it has exited (or blocks for it when `block`); returns its status when reaped.
   std::optional<int> reap(Worker& w, bool block);
   std::string read_message(Worker& w);
-  void terminate_rest(std::chrono::milliseconds kill_grace);
+  /// Copies whatever the workers' stderr pipes hold, waiting up to `timeout` for some to arrive.
+  void pump_output(std::chrono::milliseconds timeout, int forward_fd);
+  /// Copies one worker's pending stderr; closes the pipe at its end (or when `final`, at what is there now).
+  void drain_output(Worker& w, int forward_fd, bool final);
+  WorkerExit exit_of(Worker& w, int status, int forward_fd);
+  void terminate_rest(std::chrono::milliseconds kill_grace, int forward_fd, std::vector<WorkerExit>& failures);
 
   std::vector<Worker> workers_;
 };

@@ -1,8 +1,16 @@
 // A worker program for the launcher tests, started by ddp-launch or torchrun --no-python:
-//   ddp_test_worker train [--steps N] [--out DIR]   DDP training over Gloo; checks that every rank ends with
+//   ddp_test_worker train [--steps N] [--out DIR] [--step-delay-ms MS]
+//                                                  DDP training over Gloo; checks that every rank ends with
 //                                                  bit-identical parameters equal to full-batch single-process
-//                                                  training, saves them to DIR/rank<R>.pt
-//   ddp_test_worker fail --fail-rank R --code C     rank R exits with C after meeting the others; the rest sleep
+//                                                  training, saves them to DIR/rank<R>.pt; writes the steps done
+//                                                  to DIR/progress<R> as it goes, sleeping MS after each step
+//   ddp_test_worker fail --fail-rank R --code C [--message M] [--others barrier]
+//                                                  rank R prints M to stderr and exits with C after meeting the
+//                                                  others; the rest sleep (or, with --others barrier, wait in a
+//                                                  barrier that fails when rank R is gone)
+//   ddp_test_worker compare A B                     exits 0 when the parameter files A and B hold equal tensors
+//
+// The timeouts are the launcher's (DDP_*_TIMEOUT_S) when it sets them, else kTimeout.
 //   ddp_test_worker env --out DIR                   writes the environment contract (and --local-rank) to a file
 //   ddp_test_worker sleep --out DIR                 writes DIR/ready<R>, then sleeps (signal forwarding)
 #include <unistd.h>
@@ -16,6 +24,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <cstdio>
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/launch_env.h>
@@ -47,7 +57,7 @@ std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step) {
   return {x, y};
 }
 
-void train(const ddp::ProcessGroup& pg, int steps, const std::string& out) {
+void train(const ddp::ProcessGroup& pg, int steps, const std::string& out, std::chrono::milliseconds step_delay) {
   // Different initializations: DDP must start everyone from rank 0's.
   torch::nn::Sequential model = make_model(100 + pg.rank());
   ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.001));
@@ -57,6 +67,12 @@ void train(const ddp::ProcessGroup& pg, int steps, const std::string& out) {
     opt.zero_grad();
     torch::mse_loss(ddp.forward(x), y).backward();
     opt.step();
+    if (!out.empty()) {
+      const std::string progress = out + "/progress" + std::to_string(pg.rank());
+      std::ofstream(progress + ".tmp") << step + 1 << "\n";
+      std::rename((progress + ".tmp").c_str(), progress.c_str());
+    }
+    std::this_thread::sleep_for(step_delay);
   }
   for (const auto& p : model->named_parameters()) {
     const auto all = pg.allgather(p.value().detach());
@@ -118,16 +134,38 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(kLongSleep);
       return 0;
     }
+    if (mode == "compare") {
+      TORCH_CHECK(argc >= 4, "compare needs two files");
+      std::vector<torch::Tensor> a, b;
+      torch::load(a, argv[2]);
+      torch::load(b, argv[3]);
+      TORCH_CHECK(a.size() == b.size(), argv[2], " holds ", a.size(), " tensors, ", argv[3], " ", b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        TORCH_CHECK(torch::equal(a[i], b[i]), "parameter ", i, " differs between ", argv[2], " and ", argv[3]);
+      }
+      std::cout << "equal: " << argv[2] << " " << argv[3] << std::endl;
+      return 0;
+    }
     at::set_num_threads(1);
-    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().init_method("env://").timeout(kTimeout));
+    ddp::InitOptions init = ddp::InitOptions().init_method("env://");
+    if (std::getenv(ddp::kCollectiveTimeoutEnv) == nullptr) init.timeout(kTimeout);
+    if (std::getenv(ddp::kRendezvousTimeoutEnv) == nullptr) init.rendezvous_timeout(kTimeout);
+    const ddp::ProcessGroup pg = ddp::init_process_group(init);
     if (mode == "train") {
-      train(pg, std::stoi(arg_value(argc, argv, "--steps", "4")), out);
+      train(pg, std::stoi(arg_value(argc, argv, "--steps", "4")), out,
+            std::chrono::milliseconds(std::stoi(arg_value(argc, argv, "--step-delay-ms", "0"))));
       return 0;
     }
     if (mode == "fail") {
       pg.barrier();
       if (pg.rank() == std::stoi(arg_value(argc, argv, "--fail-rank", "0"))) {
+        const std::string message = arg_value(argc, argv, "--message", "");
+        if (!message.empty()) std::cerr << "ddp_test_worker: " << message << std::endl;
         return std::stoi(arg_value(argc, argv, "--code", "1"));
+      }
+      if (arg_value(argc, argv, "--others", "sleep") == "barrier") {
+        pg.barrier();  // fails once the failing rank is gone
+        return 0;
       }
       std::this_thread::sleep_for(kLongSleep);
       return 0;
@@ -136,6 +174,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const c10::Error& e) {
     std::cerr << "ddp_test_worker: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ddp_test_worker: " << e.what() << std::endl;
     return 1;
   }
 }

@@ -67,7 +67,84 @@ TEST(LaunchArgsTest, BadCommandLinesAreNamed) {
 
   const auto help = parse({"--help"});
   EXPECT_EQ(help.exit_code, 0);
-  EXPECT_TRUE(contains_all(help.output, {"--nproc-per-node", "--local-rank-arg"}));
+  EXPECT_TRUE(contains_all(
+      help.output, {"--nproc-per-node", "--local-rank-arg", "--rendezvous-timeout-s", "--collective-timeout-s"}));
+}
+
+/// The number of times `fragment` occurs in `text`.
+size_t count_of(const std::string& text, const std::string& fragment) {
+  size_t count = 0;
+  for (size_t at = text.find(fragment); at != std::string::npos; at = text.find(fragment, at + 1)) ++count;
+  return count;
+}
+
+TEST(LaunchArgsTest, HelpHasOneUsageLine) {
+  const auto help = parse({"--help"});
+  EXPECT_EQ(count_of(help.output, "Usage:"), 1u) << help.output;
+  EXPECT_TRUE(contains_all(help.output, {"Usage: ddp-launch [options] [--] program [args...]"}));
+}
+
+TEST(LaunchArgsTest, AnUnknownOptionBeforeTheProgramIsNamedAndDashDashEndsTheOptions) {
+  const auto unknown = parse({"--no-such-flag", "--nproc-per-node", "1", "prog"});
+  EXPECT_FALSE(unknown.config.has_value());
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_TRUE(contains_all(unknown.output, {"ddp-launch: unknown option '--no-such-flag'"}));
+  const auto after = parse({"--nproc-per-node", "1", "-x", "prog"});
+  EXPECT_TRUE(contains_all(after.output, {"unknown option '-x'"}));
+  const auto dash_dash = parse({"--nproc-per-node", "1", "--", "-prog", "--nnodes", "3"});
+  ASSERT_TRUE(dash_dash.config.has_value()) << dash_dash.output;
+  EXPECT_EQ(dash_dash.config->command, (std::vector<std::string>{"-prog", "--nnodes", "3"}));
+  EXPECT_EQ(dash_dash.config->nnodes, 1);
+  const auto program_dash_dash = parse({"--nproc-per-node", "1", "prog", "--", "x"});
+  ASSERT_TRUE(program_dash_dash.config.has_value()) << program_dash_dash.output;
+  EXPECT_EQ(program_dash_dash.config->command, (std::vector<std::string>{"prog", "--", "x"}));
+}
+
+TEST(LaunchArgsTest, BadValuesAreOneLineNamingTheFlagAndTheValue) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nproc-per-node", "0", "p"}, "--nproc-per-node must be a positive integer, got 0"},
+      {{"--nproc-per-node", "-3", "p"}, "--nproc-per-node must be a positive integer, got -3"},
+      {{"--nproc-per-node", "two", "p"}, "--nproc-per-node must be a positive integer, got 'two'"},
+      {{"--nproc-per-node", "99999999999", "p"}, "--nproc-per-node must be a positive integer, got 99999999999"},
+      {{"--nproc-per-node", "1", "--nnodes", "0", "p"}, "--nnodes must be a positive integer, got 0"},
+      {{"--nproc-per-node", "1", "--node-rank", "-1", "p"}, "--node-rank must be a non-negative integer, got -1"},
+      {{"--nproc-per-node", "1", "--master-port", "70000", "p"},
+       "--master-port must be an integer in [0, 65535], got 70000"},
+      {{"--nproc-per-node", "1", "--kill-grace-s", "-1", "p"},
+       "--kill-grace-s must be a non-negative number of seconds, got -1"},
+      {{"--nproc-per-node", "1", "--rendezvous-timeout-s", "0", "p"},
+       "--rendezvous-timeout-s must be a positive number of seconds, got 0"},
+      {{"--nproc-per-node", "1", "--collective-timeout-s", "nan", "p"},
+       "--collective-timeout-s must be a positive number of seconds, got 'nan'"},
+      {{"--nproc-per-node", "1", "--nnodes", "p"}, "--nnodes"},
+      {{"p"}, "--nproc-per-node is required"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const auto parsed = parse(args);
+    EXPECT_FALSE(parsed.config.has_value()) << expected;
+    EXPECT_EQ(parsed.exit_code, 2) << expected;
+    EXPECT_TRUE(contains_all(parsed.output, {"ddp-launch: " + expected}));
+    EXPECT_EQ(count_of(parsed.output, "\n"), 1u) << parsed.output;  // one line
+    EXPECT_EQ(parsed.output.find("Value "), std::string::npos) << parsed.output;
+    EXPECT_EQ(parsed.output.find("frame #"), std::string::npos) << parsed.output;
+  }
+}
+
+TEST(LaunchArgsTest, TimeoutsReachTheWorkersEnvironment) {
+  const auto parsed =
+      parse({"--nproc-per-node", "1", "--rendezvous-timeout-s", "2.5", "--collective-timeout-s", "90", "prog"});
+  ASSERT_TRUE(parsed.config.has_value()) << parsed.output;
+  EXPECT_EQ(parsed.config->rendezvous_timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(parsed.config->collective_timeout, std::chrono::milliseconds(90000));
+  const auto env_list = ddp::worker_environment(*parsed.config, 0, 4321);
+  const std::map<std::string, std::string> env(env_list.begin(), env_list.end());
+  EXPECT_EQ(env.at("DDP_RENDEZVOUS_TIMEOUT_S"), "2.5");
+  EXPECT_EQ(env.at("DDP_COLLECTIVE_TIMEOUT_S"), "90");
+  // Unset: not passed, so that the workers' own defaults (or the user's environment) apply.
+  const auto plain = parse({"--nproc-per-node", "1", "prog"});
+  for (const auto& [key, value] : ddp::worker_environment(*plain.config, 0, 4321)) {
+    EXPECT_EQ(key.rfind("DDP_", 0), std::string::npos) << key;
+  }
 }
 
 TEST(LaunchArgsTest, WorkerEnvironmentAndCommandFollowTheTorchrunContract) {
@@ -145,6 +222,25 @@ constexpr std::chrono::seconds kLimit{60};
 
 int exit_code(const std::optional<int>& status) { return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1; }
 
+std::string last_line(const std::string& text) {
+  std::string line, last;
+  std::istringstream in(text);
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last;
+}
+
+/// The line of `text` that contains `fragment`, or "".
+std::string line_with(const std::string& text, const std::string& fragment) {
+  std::string line;
+  std::istringstream in(text);
+  while (std::getline(in, line)) {
+    if (line.find(fragment) != std::string::npos) return line;
+  }
+  return "";
+}
+
 TEST(DdpLaunchTest, TwoAndFourWorkersTrainTogetherAndEndBitIdentical) {
   LTA_REQUIRE_GLOO();
   for (const int n : {2, 4}) {
@@ -174,17 +270,84 @@ TEST(DdpLaunchTest, AFailedWorkerIsNamedTheOthersStoppedAndItsCodeReturned) {
   Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 " + kWorker +
                  " fail --fail-rank 1 --code 7");
   EXPECT_EQ(exit_code(launch.wait(kLimit)), 7) << launch.output();
-  EXPECT_TRUE(std::regex_search(launch.output(),
-                                std::regex("ddp-launch: rank 1 \\(local rank 1, pid [0-9]+\\) exited with code 7")))
+  EXPECT_TRUE(std::regex_search(
+      launch.output(), std::regex("ddp-launch: root cause: rank 1 \\(local rank 1, pid [0-9]+\\) exited with code 7")))
       << launch.output();
   // The surviving worker sleeps for a minute: it was stopped, not waited for.
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
 }
 
+TEST(DdpLaunchTest, TheFirstFailureIsTheRootCauseWithItsLastLineAndTheOthersFollow) {
+  LTA_REQUIRE_GLOO();
+  // Rank 1 fails with a message; rank 0, waiting for it in a barrier, fails in turn (or is stopped first).
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 " + kWorker +
+                 " fail --fail-rank 1 --code 3 --others barrier --message 'resume file x.pt is truncated'");
+  EXPECT_EQ(exit_code(launch.wait(kLimit)), 3) << launch.output();
+  const std::string out = launch.output();
+  const std::string root = line_with(out, "ddp-launch: root cause:");
+  EXPECT_TRUE(std::regex_search(root, std::regex("^ddp-launch: root cause: rank 1 \\(local rank 1, pid [0-9]+\\) "
+                                                 "exited with code 3; its last stderr line: ddp_test_worker: "
+                                                 "resume file x.pt is truncated$")))
+      << out;
+  const std::string consequence = line_with(out, "ddp-launch: consequence:");
+  EXPECT_TRUE(contains_all(consequence, {"ddp-launch: consequence: rank 0 (local rank 0, pid "})) << out;
+  EXPECT_LT(out.find(root), out.find(consequence)) << out;
+  // The worker's own line still reached the launcher's stderr, as it was written.
+  EXPECT_EQ(line_with(out, "ddp_test_worker: resume file"), "ddp_test_worker: resume file x.pt is truncated") << out;
+  EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
+}
+
+TEST(DdpLaunchTest, AnUnknownOptionIsAnErrorNotAProgram) {
+  Process launch(kLaunch + " --no-such-flag --nproc-per-node 1 " + kWorker + " env --out /nonexistent");
+  EXPECT_EQ(exit_code(launch.wait(kLimit)), 2) << launch.output();
+  EXPECT_TRUE(contains_all(launch.output(), {"ddp-launch: unknown option '--no-such-flag'"}));
+  EXPECT_EQ(launch.output().find("cannot run"), std::string::npos) << launch.output();
+}
+
+/// A rendezvous whose peers never come, through the launcher: every rank waits with a word, gives up after the
+/// launcher's --rendezvous-timeout-s naming who never came, and the launcher names the root cause.
+void expect_rendezvous_gives_up(const std::string& options, const std::vector<std::string>& expected) {
+  const auto start = Clock::now();
+  Process launch(kLaunch + " --master-addr 127.0.0.1 --master-port " + std::to_string(ddp::detail::find_free_port()) +
+                 " --rendezvous-timeout-s 2 --kill-grace-s 1 " + options + " " + kWorker + " train");
+  EXPECT_EQ(exit_code(launch.wait(kLimit)), 1) << launch.output();
+  // Bounded by the 2 s timeout plus process start-up (seconds for LibTorch on a loaded machine), not 30 minutes.
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << launch.output();
+  EXPECT_TRUE(contains_all(launch.output(), expected)) << options;
+  EXPECT_EQ(launch.output().find("frame #"), std::string::npos) << launch.output();
+}
+
+TEST(DdpLaunchTest, RankZeroAloneWithWorldSizeTwoGivesUp) {
+  LTA_REQUIRE_GLOO();
+  expect_rendezvous_gives_up("--nnodes 2 --node-rank 0 --nproc-per-node 1",
+                             {"ddp: rank 0: waiting for 1 more rank at 127.0.0.1:", "(missing: rank 1)",
+                              "ddp-launch: root cause: rank 0 (local rank 0, pid ",
+                              "its last stderr line: ddp_test_worker: rank 0 gave up on the rendezvous at 127.0.0.1:",
+                              "after 2 s: rank 1 never came (1 of 2 ranks joined)"});
+}
+
+TEST(DdpLaunchTest, RankOneAloneWithoutAMasterGivesUp) {
+  LTA_REQUIRE_GLOO();
+  expect_rendezvous_gives_up(
+      "--nnodes 2 --node-rank 1 --nproc-per-node 1",
+      {"ddp: rank 1: waiting for the master (rank 0) at 127.0.0.1:",
+       "ddp-launch: root cause: rank 1 (local rank 0, pid ", "rank 1 gave up on the rendezvous at 127.0.0.1:",
+       "after 2 s: the master (rank 0) never came: Connection refused"});
+}
+
+TEST(DdpLaunchTest, TwoNodesWithNodeOneMissingGiveUp) {
+  LTA_REQUIRE_GLOO();
+  expect_rendezvous_gives_up(
+      "--nnodes 2 --node-rank 0 --nproc-per-node 2",
+      {"waiting for 2 more ranks at 127.0.0.1:", "(missing: ranks 2-3)", "ddp-launch: root cause: rank ",
+       "ranks 2-3 never came (2 of 4 ranks joined)", "ddp-launch: consequence: rank "});
+}
+
 TEST(DdpLaunchTest, AProgramThatCannotStartIsReported) {
   Process launch(kLaunch + " --nproc-per-node 1 --master-port 0 /nonexistent/program");
   EXPECT_EQ(exit_code(launch.wait(kLimit)), 127);
-  EXPECT_TRUE(contains_all(launch.output(), {"cannot run '/nonexistent/program'", "exited with code 127"}));
+  EXPECT_TRUE(contains_all(launch.output(), {"exited with code 127; its last stderr line: ddp-launch: cannot run "
+                                             "'/nonexistent/program': No such file or directory"}));
 }
 
 TEST(DdpLaunchTest, WorkersGetTheContractAndTheLocalRankArgument) {
@@ -210,7 +373,11 @@ TEST(DdpLaunchTest, SigtermIsForwardedToTheWorkers) {
   const auto start = Clock::now();
   ::kill(launch.pid(), SIGTERM);
   EXPECT_EQ(exit_code(launch.wait(kLimit)), 128 + SIGTERM) << launch.output();
-  EXPECT_TRUE(contains_all(launch.output(), {"was killed by signal 15"}));
+  // Its last line says what happened: it was asked to stop; no worker failed.
+  EXPECT_EQ(last_line(launch.output()),
+            "ddp-launch: asked to stop by signal 15 (Terminated): forwarded it to its 2 workers and stopped them")
+      << launch.output();
+  EXPECT_EQ(launch.output().find("root cause"), std::string::npos) << launch.output();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
 }
 

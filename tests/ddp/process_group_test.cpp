@@ -5,8 +5,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
 #include <string>
+#include <thread>
 
 #include <ddp/spawn.h>
 #include <ddp/worker_group.h>
@@ -102,32 +108,142 @@ TEST(ProcessGroupTest, PortInUseIsNamed) {
                                      "MASTER_PORT=" + std::to_string(busy.port())}));
 }
 
-TEST(ProcessGroupTest, UnreachableMasterIsAnErrorWithinTheTimeout) {
+/// Runs `fn` with stderr captured into a file; returns what it wrote there.
+std::string stderr_of(const std::function<void()>& fn) {
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("stderr");
+  std::fflush(stderr);
+  const int saved = ::dup(STDERR_FILENO);
+  FILE* file = std::fopen(path.c_str(), "w");
+  ::dup2(::fileno(file), STDERR_FILENO);
+  fn();
+  std::fflush(stderr);
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::fclose(file);
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(ProcessGroupTest, RankOneAloneWithoutAMasterGivesUpNamingRankZero) {
   LTA_REQUIRE_GLOO();
   const int port = ddp::detail::find_free_port();  // nobody listens there
   const milliseconds timeout(1500);
   const auto start = std::chrono::steady_clock::now();
-  const std::string message = error_of([&] {
-    ddp::init_process_group(ddp::InitOptions().init_method(tcp_url(port)).rank(1).world_size(2).timeout(timeout));
+  std::string message;
+  const std::string log = stderr_of([&] {
+    message = error_of([&] {
+      ddp::init_process_group(
+          ddp::InitOptions().init_method(tcp_url(port)).rank(1).world_size(2).rendezvous_timeout(timeout));
+    });
   });
   const auto elapsed = std::chrono::steady_clock::now() - start;
-  EXPECT_TRUE(contains_all(
-      message, {"rank 1 could not reach the master at MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port)}));
-  // An error, not a hang: TCPStore's client retries with a randomized back-off (0.8 s, then 3.3 s seen here, which
-  // once took 4.7 s in all for this 1.5 s timeout), so the bound leaves room for that, far below a hang.
-  EXPECT_LT(elapsed, timeout + milliseconds(10000));
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  EXPECT_TRUE(contains_all(message, {"rank 1 gave up on the rendezvous at " + where + " after 1.5 s",
+                                     "the master (rank 0) never came: Connection refused"}));
+  EXPECT_TRUE(contains_all(log, {"ddp: rank 1: waiting for the master (rank 0) at " + where}));
+  // The probe that replaced TCPStore's connect retries (back-offs of seconds) gives up on time.
+  EXPECT_LT(elapsed, timeout + milliseconds(2000));
 }
 
-TEST(ProcessGroupTest, MissingRanksAreAnErrorWithinTheTimeout) {
+TEST(ProcessGroupTest, RankZeroAloneWithWorldSizeTwoGivesUpNamingTheMissingRank) {
   LTA_REQUIRE_GLOO();
   const int port = ddp::detail::find_free_port();
   const milliseconds timeout(1000);
   const auto start = std::chrono::steady_clock::now();
-  const std::string message = error_of([&] {
-    ddp::init_process_group(ddp::InitOptions().init_method(tcp_url(port)).rank(0).world_size(3).timeout(timeout));
+  std::string message;
+  const std::string log = stderr_of([&] {
+    message = error_of([&] {
+      ddp::init_process_group(
+          ddp::InitOptions().init_method(tcp_url(port)).rank(0).world_size(3).rendezvous_timeout(timeout));
+    });
   });
-  EXPECT_TRUE(contains_all(message, {"did not see all WORLD_SIZE=3 ranks join"}));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, timeout + milliseconds(3000));
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  EXPECT_TRUE(contains_all(message, {"rank 0 gave up on the rendezvous at " + where +
+                                         " after 1 s: ranks 1-2 never came (1 of 3 ranks joined)",
+                                     "DDP_RENDEZVOUS_TIMEOUT_S"}));
+  EXPECT_TRUE(contains_all(log, {"ddp: rank 0: waiting for 2 more ranks at " + where + " (missing: ranks 1-2)"}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, timeout + milliseconds(2000));
+}
+
+TEST(ProcessGroupTest, RendezvousTimeoutComesFromTheEnvironmentWhenUnset) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::EnvGuard guard({ddp::kRendezvousTimeoutEnv});
+  ::setenv(ddp::kRendezvousTimeoutEnv, "0.5", 1);
+  const int port = ddp::detail::find_free_port();
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  stderr_of([&] {
+    message =
+        error_of([&] { ddp::init_process_group(ddp::InitOptions().init_method(tcp_url(port)).rank(0).world_size(2)); });
+  });
+  EXPECT_TRUE(contains_all(message, {"after 0.5 s: rank 1 never came (1 of 2 ranks joined)"}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(1500));
+  // An explicit option wins over the variable.
+  message.clear();
+  stderr_of([&] {
+    message = error_of([&] {
+      ddp::init_process_group(
+          ddp::InitOptions().init_method(tcp_url(port)).rank(0).world_size(2).rendezvous_timeout(milliseconds(300)));
+    });
+  });
+  EXPECT_TRUE(contains_all(message, {"after 0.3 s: rank 1 never came"}));
+  ::setenv(ddp::kRendezvousTimeoutEnv, "soon", 1);
+  EXPECT_TRUE(contains_all(
+      error_of([&] { ddp::init_process_group(ddp::InitOptions().init_method(tcp_url(port)).rank(0).world_size(2)); }),
+      {"environment variable DDP_RENDEZVOUS_TIMEOUT_S must be a positive number of seconds, got 'soon'"}));
+}
+
+TEST(ProcessGroupTest, TwoProcessesClaimingOneRankIsAnError) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string message = error_of([&] {
+    ddp::spawn(
+        3,
+        [](int, int) {
+          // Ranks 0, 1 and 1 again (the last process's RANK is wrong): WORLD_SIZE=3 never completes.
+          const int rank = std::min(std::stoi(std::getenv("RANK")), 1);
+          ddp::init_process_group(ddp::InitOptions().rank(rank).rendezvous_timeout(milliseconds(3000)));
+        },
+        ddp::SpawnOptions().kill_grace(milliseconds(500)));
+  });
+  EXPECT_TRUE(
+      contains_all(message, {"arrived at the rendezvous at 127.0.0.1:", "twice: two processes were given RANK=1"}))
+      << message;
+}
+
+TEST(ProcessGroupTest, SpawnPassesItsTimeoutsToTheWorkers) {
+  LTA_REQUIRE_GLOO();
+  // Rank 1 never calls init_process_group: rank 0 gives up after spawn's rendezvous timeout, naming it.
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = error_of([] {
+    ddp::spawn(
+        2,
+        [](int local_rank, int) {
+          if (local_rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+          ddp::init_process_group();
+        },
+        ddp::SpawnOptions().rendezvous_timeout(milliseconds(1000)).kill_grace(milliseconds(500)));
+  });
+  EXPECT_TRUE(contains_all(
+      message, {"ddp::spawn: rank 0 of 2", "after 1 s: rank 1 never came", "then rank 1 (pid", "stopped by spawn"}))
+      << message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // Rank 1 joins, then never enters the barrier: rank 0's barrier fails after spawn's collective timeout.
+  message = error_of([] {
+    ddp::spawn(
+        2,
+        [](int local_rank, int) {
+          const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().rendezvous_timeout(kTestTimeout));
+          TORCH_CHECK(pg.timeout() == milliseconds(1500), "collective timeout ", pg.timeout().count(), " ms");
+          if (local_rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+          pg.barrier();
+        },
+        ddp::SpawnOptions().collective_timeout(milliseconds(1500)).kill_grace(milliseconds(500)));
+  });
+  EXPECT_TRUE(contains_all(
+      message, {"ddp::spawn: rank 0 of 2", "barrier failed on rank 0 of 2", "the timeout of 1500 ms expired"}))
+      << message;
 }
 
 TEST(ProcessGroupTest, MalformedArgumentsAreNamed) {
