@@ -202,7 +202,7 @@ void load_checkpoint(const std::string& path, torch::nn::Module& module, torch::
     try {
       archive.load_from(path);
     } catch (const c10::Error& e) {
-      throw std::runtime_error("not a checkpoint (" + e.what_without_backtrace() + ")");
+      throw std::runtime_error(std::string("not a checkpoint (") + e.what_without_backtrace() + ")");
     }
     for (const auto& [key, part] : {std::pair<const char*, torch::serialize::InputArchive*>{"model", &model_archive},
                                     {"optimizer", &optimizer_archive}}) {

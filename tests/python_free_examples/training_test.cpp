@@ -25,7 +25,7 @@ TEST(OneLineTest, CutsANestedBacktraceJoinsLinesAndEscapesBytes) {
                                "first):\nframe #0: c10::Error::Error()"),
             "cannot read 'x': bad zip");
   EXPECT_EQ(examples::one_line("first\nsecond\n"), "first; second");
-  EXPECT_EQ(examples::one_line(std::string("bad \x01\xff\tend", 9)), "bad \\x01\\xff end");
+  EXPECT_EQ(examples::one_line(std::string("bad \x01\xff\tend", 10)), "bad \\x01\\xff end");
 }
 
 TEST(OneLineTest, WhatOfALibTorchErrorIsCutToItsMessage) {
