@@ -23,12 +23,25 @@ function(lta_add_layer_library name alias)
   lta_set_warnings(${name})
 endfunction()
 
+# A sanitizer build (`make asan-test`): -DLIBTORCH_AMP_SANITIZE=address instruments the frontend targets (tests,
+# examples, their shared precompiled header) and the libraries passed to lta_sanitize. The lower layers keep the
+# normal flags, so in a second build folder they come from ccache and only the instrumented code is compiled.
+set(LIBTORCH_AMP_SANITIZE "" CACHE STRING "Sanitizer for frontend targets and lta_sanitize'd libraries (address)")
+function(lta_sanitize target)
+  if(LIBTORCH_AMP_SANITIZE)
+    # -O1 -g1: ASan's usual setting (quicker to compile than -O3, line numbers in its reports).
+    target_compile_options(${target} PRIVATE -fsanitize=${LIBTORCH_AMP_SANITIZE} -fno-omit-frame-pointer -O1 -g1)
+    target_link_options(${target} PRIVATE -fsanitize=${LIBTORCH_AMP_SANITIZE})
+  endif()
+endfunction()
+
 # Frontend translation units (tests, examples, benchmarks) include <torch/torch.h>; it is parsed once into
 # a precompiled header that every such target reuses. All of them get the same flags through this function,
 # which is what makes the reuse valid.
 function(lta_frontend_target target)
   target_link_libraries(${target} PRIVATE torch lta_fmt)
   lta_set_warnings(${target})
+  lta_sanitize(${target})
   if(NOT LIBTORCH_AMP_PCH)
     return()
   endif()
@@ -43,6 +56,7 @@ function(lta_frontend_target target)
     add_library(lta_torch_pch OBJECT "${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp")
     target_link_libraries(lta_torch_pch PRIVATE torch lta_fmt)
     lta_set_warnings(lta_torch_pch)
+    lta_sanitize(lta_torch_pch)
     target_precompile_headers(lta_torch_pch PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<torch/torch.h$<ANGLE-R>>")
   endif()
   target_precompile_headers(${target} REUSE_FROM lta_torch_pch)

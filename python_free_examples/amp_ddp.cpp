@@ -51,16 +51,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "fp16", "bf16"}));
   app.add_option("--optimizer", amp_flags.optimizer, "amp::FusedSGD (sgd) or amp::FusedAdamW (adamw)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("amp_ddp", [&] {
+    examples::check_common_flags(flags);
     const int local_rank = examples::local_rank_from_launcher(argc, argv, "amp_ddp");
     const torch::Device device = examples::pick_device(flags.device, local_rank);
-    ddp::InitOptions init;
-    if (device.is_cuda()) init.cuda_device(device.index());
-    ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
-    const examples::Rank rank{group.rank(), group.size()};
-
     torch::manual_seed(flags.seed);
     const examples::Data data = examples::load_data(flags);
     examples::SmallCnn net;
@@ -72,7 +68,14 @@ int main(int argc, char** argv) {
     auto initialized = amp::initialize(net, *inner, options);
     auto& model = initialized.model;  // (not a structured binding: the step lambda captures them)
     auto& optimizer = initialized.optimizer;
-    if (!flags.resume.empty()) amp::load_checkpoint(flags.resume, model, optimizer);  // model + optimizer + amp
+    if (!flags.resume.empty()) {  // model + optimizer + amp
+      examples::load_resume_checkpoint(flags.resume, [&] { amp::load_checkpoint(flags.resume, model, optimizer); });
+    }
+    // Data and --resume are read before joining the group: a bad file is this rank's own one-line error.
+    ddp::InitOptions init;
+    if (device.is_cuda()) init.cuda_device(device.index());
+    ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
+    const examples::Rank rank{group.rank(), group.size()};
     ddp::DistributedDataParallel ddp(net, group);
     optimizer.attach(ddp);  // each bucket is unscaled and checked as soon as its allreduce completes
     if (rank.rank == 0) {

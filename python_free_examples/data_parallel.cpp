@@ -3,8 +3,10 @@
 // --opt-level adds mixed precision (amp::initialize before wrapping; the forward goes through the amp policy).
 //   ./data_parallel --synthetic --output-device 0 --opt-level O2
 // Without GPUs it replicates over --cpu-replicas CPU threads instead (the same code path, for trying it out).
+#include <algorithm>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include <amp/amp.h>
@@ -21,17 +23,25 @@ int main(int argc, char** argv) {
   std::string opt_level = "none";
   CLI::App app{"Single-process data parallel training on Fashion-MNIST over all visible GPUs"};
   examples::add_common_flags(app, flags);
-  app.add_option("--output-device", output_device, "GPU index that gathers the outputs")->check(CLI::NonNegativeNumber);
-  app.add_option("--cpu-replicas", cpu_replicas, "Replicas on the CPU when no GPU is used")->check(CLI::PositiveNumber);
+  app.add_option("--output-device", output_device, "GPU index that gathers the outputs");
+  app.add_option("--cpu-replicas", cpu_replicas, "Replicas on the CPU when no GPU is used");
   app.add_option("--opt-level", opt_level, "none (fp32, the tutorial's way), or amp's O0, O1, O2, O3")
       ->check(CLI::IsMember({"none", "O0", "O1", "O2", "O3"}));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("data_parallel", [&] {
+    examples::check_common_flags(flags);
+    examples::require_positive("--cpu-replicas", cpu_replicas);
+    // "auto" replicates over every visible GPU, or over CPU replicas when there is none; "cuda" (or "cuda:N")
+    // asks for GPUs, and having none is an error (pick_device's), not a silent fall back to the CPU.
+    const bool use_gpus =
+        flags.device == "auto" ? torch::cuda::is_available() : examples::pick_device(flags.device).is_cuda();
+    const int gpus = use_gpus ? static_cast<int>(torch::cuda::device_count()) : 0;
+    if (output_device < 0 || (gpus > 0 && output_device >= gpus)) {
+      throw std::invalid_argument(fmt::format("--output-device must be a visible GPU's index (0..{}), got {}",
+                                              std::max(gpus - 1, 0), output_device));
+    }
     torch::manual_seed(flags.seed);
-    const int gpus = flags.device == "cpu" ? 0 : static_cast<int>(torch::cuda::device_count());
-    TORCH_CHECK(gpus == 0 || output_device < gpus, "--output-device ", output_device, " but only ", gpus,
-                " GPU(s) are visible");
     std::vector<torch::Device> devices;
     for (int i = 0; i < gpus; ++i) devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
     if (gpus == 0) devices.assign(static_cast<size_t>(cpu_replicas), torch::Device(torch::kCPU));
@@ -53,7 +63,10 @@ int main(int argc, char** argv) {
                                     amp::Options()
                                         .opt_level(amp::parse_opt_level(opt_level))
                                         .half_dtype(device.is_cuda() ? at::kHalf : at::kBFloat16)));
-      if (!flags.resume.empty()) amp::load_checkpoint(flags.resume, mixed->model, mixed->optimizer);
+      if (!flags.resume.empty()) {
+        examples::load_resume_checkpoint(flags.resume,
+                                         [&] { amp::load_checkpoint(flags.resume, mixed->model, mixed->optimizer); });
+      }
     } else if (!flags.resume.empty()) {
       examples::load_checkpoint(flags.resume, *net, sgd);
     }

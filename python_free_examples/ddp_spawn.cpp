@@ -2,6 +2,7 @@
 // (torch.multiprocessing.spawn's counterpart) and they meet at tcp://127.0.0.1:PORT.
 //   ./ddp_spawn --nproc 2 --synthetic
 #include <cstdlib>
+#include <stdexcept>
 
 #include <ddp/spawn.h>
 #include <fmt/format.h>
@@ -14,11 +15,16 @@ int main(int argc, char** argv) {
   int port = 0;
   CLI::App app{"DDP on Fashion-MNIST with workers spawned by the program itself"};
   examples::add_common_flags(app, flags);
-  app.add_option("--nproc", nproc, "Worker processes (one per GPU on a GPU machine)")->check(CLI::PositiveNumber);
-  app.add_option("--port", port, "Rendezvous port on 127.0.0.1 (0: a free one)")->check(CLI::Range(0, 65535));
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--nproc", nproc, "Worker processes (one per GPU on a GPU machine)");
+  app.add_option("--port", port, "Rendezvous port on 127.0.0.1 (0: a free one)");
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("ddp_spawn", [&] {
+    examples::check_common_flags(flags);
+    examples::require_positive("--nproc", nproc);
+    if (port < 0 || port > 65535) {
+      throw std::invalid_argument(fmt::format("--port must be 0 (a free one) or in 1..65535, got {}", port));
+    }
     // Fork before CUDA: the parent must not touch the GPU, so the workers pick their devices themselves.
     ddp::spawn(
         nproc,

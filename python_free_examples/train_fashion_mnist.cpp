@@ -10,9 +10,10 @@ int main(int argc, char** argv) {
   examples::CommonFlags flags;
   CLI::App app{"Train a small CNN on Fashion-MNIST with LibTorch (no Python)"};
   examples::add_common_flags(app, flags);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("train_fashion_mnist", [&] {
+    examples::check_common_flags(flags);
     torch::manual_seed(flags.seed);
     const torch::Device device = examples::pick_device(flags.device);
     const examples::Data data = examples::load_data(flags);

@@ -29,23 +29,24 @@ std::string backend_for(const torch::Device& device) { return device.is_cuda() ?
 
 void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank) {
   const torch::Device device = pick_device(flags.device, local_rank);
+  // Same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's state at construction).
+  torch::manual_seed(flags.seed);
+  // Data and --resume are read before joining the group: a bad file is this rank's own one-line error, not a
+  // failed collective on the others.
+  const Data data = load_data(flags);
+  SmallCnn net;
+  net->to(device);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(kSgdMomentum));
+  if (!flags.resume.empty()) load_checkpoint(flags.resume, *net, optimizer);
+
   if (device.is_cuda()) init.cuda_device(device.index());
   ddp::ProcessGroup group = ddp::init_process_group(init.backend(backend_for(device)));
   const Rank rank{group.rank(), group.size()};
-
-  // Same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's state at construction).
-  torch::manual_seed(flags.seed);
-  const Data data = load_data(flags);
   if (rank.rank == 0) {
     fmt::print("{} processes ({} backend), device {} on rank 0 | {} training samples, {} test samples\n",
                rank.world_size, group.backend_name(), device.str(), data.train.images.size(0),
                data.test.images.size(0));
   }
-
-  SmallCnn net;
-  net->to(device);
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(kSgdMomentum));
-  if (!flags.resume.empty()) load_checkpoint(flags.resume, *net, optimizer);
   ddp::DistributedDataParallel ddp(net, group);
 
   for (int epoch = 1; epoch <= flags.epochs; ++epoch) {

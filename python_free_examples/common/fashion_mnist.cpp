@@ -30,10 +30,17 @@ std::vector<uint8_t> read_all_bytes(const std::string& path) {
     int n = 0;
     while ((n = gzread(file, buffer.data(), buffer.size())) > 0)
       bytes.insert(bytes.end(), buffer.data(), buffer.data() + n);
-    int err = 0;
+    int err = Z_OK;
     const char* message = gzerror(file, &err);
-    gzclose(file);
-    TORCH_CHECK(n == 0 && (err == Z_OK || err == Z_STREAM_END), "cannot decompress ", path, ": ", message);
+    // gzerror's text belongs to the gzFile: copy it before gzclose frees it.
+    std::string reason = message != nullptr && *message != '\0' ? message : "corrupt gzip data";
+    if (reason.rfind(path + ": ", 0) == 0) reason.erase(0, path.size() + 2);  // zlib starts it with the path
+    const int close_status = gzclose(file);
+    TORCH_CHECK(n == 0 && (err == Z_OK || err == Z_STREAM_END), "cannot decompress Fashion-MNIST file ", path, ": ",
+                reason);
+    // Z_BUF_ERROR: the last read ended inside a gzip stream (the file is cut short).
+    TORCH_CHECK(close_status == Z_OK, "cannot decompress Fashion-MNIST file ", path,
+                close_status == Z_BUF_ERROR ? ": the gzip stream is cut short" : ": gzclose failed");
 #else
     TORCH_CHECK(false, "cannot read ", path, ": this build has no zlib; gunzip the file or use --synthetic");
 #endif
@@ -96,14 +103,25 @@ ImageSplit load_fashion_mnist(const std::string& dir, bool train) {
   return {x.contiguous(), labels.to(torch::kInt64)};
 }
 
-ImageSplit synthetic_fashion_mnist(int64_t n, uint64_t seed) {
+ImageSplit synthetic_fashion_mnist(int64_t n, uint64_t seed, bool train) {
   TORCH_CHECK(n > 0, "synthetic data set size must be > 0, got ", n);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   constexpr int64_t kClasses = 10;
-  auto class_means = torch::randn({kClasses, 1, 28, 28}, gen);
-  auto labels = torch::randint(0, kClasses, {n}, gen, torch::kInt64);
-  auto images = class_means.index_select(0, labels) + 0.8 * torch::randn({n, 1, 28, 28}, gen);
-  return {images, labels};
+  constexpr int64_t kSide = 28;
+  constexpr int64_t kCoarseSide = 7;  // patterns are 7x7 random grids upsampled: smooth shapes, not pixel noise
+  constexpr double kNoiseStd = 1.0;   // per-pixel noise, as large as the patterns themselves
+  // Separate streams for the patterns (shared by both splits) and for each split's samples.
+  constexpr uint64_t kTrainStream = 0x9E3779B97F4A7C15ULL;
+  constexpr uint64_t kTestStream = 0xC2B2AE3D27D4EB4FULL;
+  auto pattern_gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto sample_gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ (train ? kTrainStream : kTestStream));
+  auto coarse = torch::randn({kClasses, 1, kCoarseSide, kCoarseSide}, pattern_gen);
+  auto patterns = torch::nn::functional::interpolate(coarse, torch::nn::functional::InterpolateFuncOptions()
+                                                                 .size(std::vector<int64_t>{kSide, kSide})
+                                                                 .mode(torch::kBilinear)
+                                                                 .align_corners(false));
+  auto labels = torch::randint(0, kClasses, {n}, sample_gen, torch::kInt64);
+  auto images = patterns.index_select(0, labels) + kNoiseStd * torch::randn({n, 1, kSide, kSide}, sample_gen);
+  return {images.contiguous(), labels};
 }
 
 }  // namespace examples

@@ -25,8 +25,11 @@ torch::Tensor read_idx_file(const std::string& path);
 /// path and a hint (apt-get install dataset-fashion-mnist, or --synthetic) when the files are missing.
 ImageSplit load_fashion_mnist(const std::string& dir, bool train);
 
-/// A deterministic synthetic stand-in with Fashion-MNIST's shapes: `n` images whose class is learnable
-/// (each class has its own mean pattern plus noise), for machines without the data set.
-ImageSplit synthetic_fashion_mnist(int64_t n, uint64_t seed);
+/// A deterministic synthetic stand-in with Fashion-MNIST's shapes, for machines without the data set: `n` images
+/// [n, 1, 28, 28] float32 with labels [n] int64 in [0, 9]. The task is learnable: each class has its own pattern
+/// (a smooth grey-level picture drawn from `seed`), and an image is its class's pattern plus pixel noise.
+/// The training split (`train`) and the test split share the patterns (the same `seed`) and differ only in
+/// which samples are drawn, so accuracy on the test split measures what was learned on the training split.
+ImageSplit synthetic_fashion_mnist(int64_t n, uint64_t seed, bool train);
 
 }  // namespace examples

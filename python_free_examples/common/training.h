@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <torch/torch.h>
@@ -32,8 +33,22 @@ struct CommonFlags {
   std::string resume;  // checkpoint read before training; empty: start fresh
 };
 
-/// Registers CommonFlags on `app`.
+/// Registers CommonFlags on `app`. Values are checked after parsing by check_common_flags (CLI11's own range
+/// checks print "Value 0 not in range 0.000000 to 1797...", a 300-digit bound).
 void add_common_flags(CLI::App& app, CommonFlags& flags);
+
+/// Parses the command line into `app`'s options. Returns nullopt to go on; otherwise the exit status: 0 after
+/// --help (printed on stdout), non-zero after a bad command line, reported as one line on stderr
+/// ("program: message (see --help)").
+std::optional<int> parse_flags(CLI::App& app, int argc, char** argv);
+
+/// Checks what CLI11 cannot say well: --epochs and --batch-size positive, --lr positive and finite, --limit-train
+/// not negative, --resume an existing file, --save's folder existing. Throws std::invalid_argument naming the flag
+/// and its value. Called before anything is loaded or written.
+void check_common_flags(const CommonFlags& flags);
+
+/// Throws std::invalid_argument("<flag> must be a positive integer, got <value>") unless value > 0.
+void require_positive(const char* flag, int64_t value);
 
 /// The training and test splits the flags ask for (the data set, or --synthetic), the training split cut to
 /// --limit-train. Throws with the path and a hint when the data set is missing.
@@ -43,7 +58,9 @@ struct Data {
 };
 Data load_data(const CommonFlags& flags);
 
-/// "auto": cuda:`local_rank` when CUDA is available, else the CPU; otherwise the device named ("cpu", "cuda:1").
+/// "auto": cuda:`local_rank` when CUDA is available, else the CPU; "cuda" alone: cuda:`local_rank`; otherwise the
+/// device named ("cpu", "cuda:1"). Throws std::invalid_argument naming --device when the name is not a device,
+/// when no CUDA GPU is visible, or when the GPU's index is not below the number visible.
 torch::Device pick_device(const std::string& name, int local_rank = 0);
 
 /// One training step on a batch already on the device: zero the gradients, forward, backward, optimizer step.
@@ -71,11 +88,23 @@ double test_accuracy(torch::nn::Module& module, const std::function<torch::Tenso
 /// Prints "epoch E/N: ... test accuracy X%" (rank 0's line after its progress line).
 void print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy);
 
-/// Saves / loads `module` and `optimizer` (a plain torch::optim optimizer) to / from one file.
+/// Saves `module` and `optimizer` (a plain torch::optim optimizer) to one file, atomically
+/// (amp::save_archive_atomically): a writer stopped at any point leaves the previous file whole.
 void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+/// Loads what save_checkpoint wrote. A file that is not such a checkpoint (random bytes, truncated, another
+/// model) throws std::invalid_argument "--resume 'path': ..." with the reason's first line.
 void load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
 
-/// Runs `body` and turns an exception into "program: message" on stderr and exit status 1.
+/// Runs `load` (which reads the --resume checkpoint `path`) and re-throws its failure as one line naming --resume
+/// and the path: "--resume 'path': <what was wrong>".
+void load_resume_checkpoint(const std::string& path, const std::function<void()>& load);
+
+/// `message` as one printable line: a LibTorch backtrace nested in it ("Exception raised from ... frame #0")
+/// is cut, line breaks become "; ", and bytes outside printable ASCII are written as \xNN.
+std::string one_line(const std::string& message);
+
+/// Runs `body` and turns an exception into "program: message" on stderr (one line: one_line of the message
+/// without LibTorch's backtrace) and exit status 1.
 int run_main(const char* program, const std::function<void()>& body);
 
 }  // namespace examples

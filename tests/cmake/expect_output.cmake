@@ -1,5 +1,6 @@
-# cmake -DEXPECT=<regex> [-DTIMEOUT=<s>] -P expect_output.cmake -- <command> [args...]
-# Runs the command and passes only when it exits with 0 AND its output (stdout and stderr) matches EXPECT. ctest
+# cmake -DEXPECT=<regex> [-DTIMEOUT=<s>] [-DMIN_ACCURACY=<percent>] -P expect_output.cmake -- <command> [args...]
+# Runs the command and passes only when it exits with 0 AND its output (stdout and stderr) matches EXPECT, and, with
+# MIN_ACCURACY, when the last "test accuracy X%" it printed is at least MIN_ACCURACY. ctest
 # ignores a test's exit code once PASS_REGULAR_EXPRESSION is set, so a regex alone would pass, say, a launcher
 # whose second worker failed after the first printed the expected line.
 set(_cmd)
@@ -25,4 +26,16 @@ if(NOT "${_rc}" STREQUAL "0")
 endif()
 if(NOT "${_out}" MATCHES "${EXPECT}")
   message(FATAL_ERROR "expect_output: the output does not match '${EXPECT}': ${_cmd}")
+endif()
+if(DEFINED MIN_ACCURACY)
+  string(REGEX MATCHALL "test accuracy [0-9.]+%" _accuracies "${_out}")
+  if(NOT _accuracies)
+    message(FATAL_ERROR "expect_output: no 'test accuracy X%' line in the output: ${_cmd}")
+  endif()
+  list(GET _accuracies -1 _last)
+  string(REGEX REPLACE "test accuracy ([0-9.]+)%" "\\1" _accuracy "${_last}")
+  if(_accuracy LESS MIN_ACCURACY)
+    message(FATAL_ERROR "expect_output: test accuracy ${_accuracy}% is below ${MIN_ACCURACY}%: ${_cmd}")
+  endif()
+  message("expect_output: test accuracy ${_accuracy}% >= ${MIN_ACCURACY}%")
 endif()

@@ -1,0 +1,242 @@
+// Every example, run as a user would, with each bad input it can meet: a bad flag value, missing or damaged data,
+// a damaged --resume file, a device that is not there. Each must end with a non-zero exit and one printable
+// line on stderr that names the flag or file, no LibTorch backtrace, and nothing changed on disk.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ddp/worker_group.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#ifdef LIBTORCH_AMP_HAVE_ZLIB
+#include <zlib.h>
+#endif
+
+#include "python_free_examples/example_process.h"
+
+namespace {
+
+using example_test::ProcessResult;
+using example_test::Scratch;
+using Flags = std::vector<std::pair<std::string, std::string>>;  // flag, value ("" for a flag without one)
+
+/// One example program and the flags that select its path (e.g. data_parallel with amp).
+struct Example {
+  std::string name;  // CamelCase: the test's parameter name
+  std::string program;
+  Flags flags;
+  bool launched = false;  // expects the launcher's environment (RANK, WORLD_SIZE, ...)
+};
+
+std::vector<Example> all_examples() {
+  return {
+      {"TrainFashionMnist", LTA_EXAMPLE_TRAIN_FASHION_MNIST, {}},
+      {"DataParallel", LTA_EXAMPLE_DATA_PARALLEL, {}},
+      {"DataParallelAmp", LTA_EXAMPLE_DATA_PARALLEL, {{"--opt-level", "O2"}}},
+      {"DdpLaunch", LTA_EXAMPLE_DDP_LAUNCH, {}, /*launched=*/true},
+      {"DdpSpawn", LTA_EXAMPLE_DDP_SPAWN, {{"--nproc", "1"}}},
+      {"AmpDdp", LTA_EXAMPLE_AMP_DDP, {}, /*launched=*/true},
+  };
+}
+
+/// The quick settings every run starts from: one step on synthetic data on the CPU, and --save over an existing file.
+Flags quick_flags(const std::string& save) {
+  return {{"--synthetic", ""},    {"--epochs", "1"},   {"--limit-train", "64"},
+          {"--batch-size", "64"}, {"--device", "cpu"}, {"--save", save}};
+}
+
+/// argv for `example` with the quick settings, the example's own flags, then `overrides` (a flag named there, or
+/// in `drop`, is left out of the earlier sets: CLI11 refuses a flag given twice).
+std::vector<std::string> command(const Example& example, const std::string& save, const Flags& overrides,
+                                 const std::vector<std::string>& drop = {}) {
+  std::vector<std::string> argv = {example.program};
+  const auto overridden = [&](const std::string& flag) {
+    return std::count(drop.begin(), drop.end(), flag) > 0 ||
+           std::any_of(overrides.begin(), overrides.end(), [&](const auto& o) { return o.first == flag; });
+  };
+  const auto append = [&](const Flags& flags, bool skip_overridden) {
+    for (const auto& [flag, value] : flags) {
+      if (skip_overridden && overridden(flag)) continue;
+      argv.push_back(flag);
+      if (!value.empty()) argv.push_back(value);
+    }
+  };
+  append(quick_flags(save), true);
+  append(example.flags, true);
+  append(overrides, false);
+  return argv;
+}
+
+/// The launcher's environment for a single rank (what ddp-launch --nproc-per-node 1 would export).
+std::vector<std::string> launch_env(const Example& example) {
+  if (!example.launched) return {};
+  return {"RANK=0",
+          "WORLD_SIZE=1",
+          "LOCAL_RANK=0",
+          "LOCAL_WORLD_SIZE=1",
+          "MASTER_ADDR=127.0.0.1",
+          "MASTER_PORT=" + std::to_string(ddp::detail::find_free_port())};
+}
+
+/// One bad input: flags to add (and quick flags to drop), fragments its error line must contain, and the examples
+/// it applies to (empty: all).
+struct BadInput {
+  std::string what;
+  Flags flags;
+  std::vector<std::string> fragments;
+  std::vector<std::string> drop = {};
+  std::vector<std::string> only = {};
+};
+
+std::string idx_header(const std::vector<uint32_t>& dims) {
+  std::string bytes = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((d >> shift) & 0xff));
+  }
+  return bytes;
+}
+
+std::string random_bytes(size_t n, uint32_t seed) {
+  std::string bytes(n, '\0');
+  for (auto& b : bytes) {
+    seed = seed * 1664525u + 1013904223u;
+    b = static_cast<char>(seed >> 24);
+  }
+  return bytes;
+}
+
+#ifdef LIBTORCH_AMP_HAVE_ZLIB
+std::string gzip(const std::string& bytes, const std::string& scratch_file) {
+  gzFile f = gzopen(scratch_file.c_str(), "wb");
+  EXPECT_NE(f, nullptr);
+  gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(f);
+  std::string out = example_test::read_file(scratch_file);
+  ::unlink(scratch_file.c_str());
+  return out;
+}
+#endif
+
+::testing::AssertionResult is_one_printable_line(const std::string& text) {
+  if (text.empty() || text.back() != '\n') return ::testing::AssertionFailure() << "no line ending in newline";
+  if (std::count(text.begin(), text.end(), '\n') != 1) return ::testing::AssertionFailure() << "more than one line";
+  if (text.find("frame #") != std::string::npos) return ::testing::AssertionFailure() << "a C++ backtrace";
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte < 0x20 || byte >= 0x7f) {
+      return ::testing::AssertionFailure() << "a non-printable byte " << static_cast<int>(byte) << " at " << i;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class BadInputTest : public ::testing::TestWithParam<Example> {};
+
+TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
+  const Example& example = GetParam();
+  Scratch scratch;
+
+  // A checkpoint to damage: what train_fashion_mnist --save writes (the same zip archive format as amp's).
+  const std::string good = scratch.file("good.pt");
+  const ProcessResult made =
+      example_test::run_process({LTA_EXAMPLE_TRAIN_FASHION_MNIST, "--synthetic", "--epochs", "1", "--limit-train", "64",
+                                 "--batch-size", "64", "--device", "cpu", "--save", good});
+  ASSERT_EQ(made.exit_code(), 0) << made.describe();
+  const std::string checkpoint = example_test::read_file(good);
+  ::unlink(good.c_str());
+  const std::string truncated = scratch.file("truncated.pt");
+  example_test::write_file(truncated, checkpoint.substr(0, checkpoint.size() / 2));
+  const std::string random = scratch.file("random.pt");
+  example_test::write_file(random, random_bytes(4096, 7));
+
+  // Fashion-MNIST folders: empty, a raw file shorter than its header says, a .gz cut short, a .gz with junk.
+  const std::string no_data = scratch.folder("no_data");
+  const std::string short_raw = scratch.folder("short_raw");
+  const std::string idx = idx_header({100, 28, 28}) + random_bytes(100 * 28 * 28, 3);
+  example_test::write_file(short_raw + "/train-images-idx3-ubyte", idx.substr(0, idx.size() - 1000));
+  std::vector<BadInput> rows = {
+      {"--lr nan", {{"--lr", "nan"}}, {"--lr must be a positive finite number, got nan"}},
+      {"--lr -1", {{"--lr", "-1"}}, {"--lr must be a positive finite number, got -1"}},
+      {"--batch-size 0", {{"--batch-size", "0"}}, {"--batch-size must be a positive integer, got 0"}},
+      {"--batch-size abc", {{"--batch-size", "abc"}}, {"--batch-size", "abc"}},
+      {"--epochs 0", {{"--epochs", "0"}}, {"--epochs must be a positive integer, got 0"}},
+      {"--limit-train -5", {{"--limit-train", "-5"}}, {"--limit-train must be 0 (all) or positive, got -5"}},
+      {"unknown flag", {{"--no-such-flag", ""}}, {"--no-such-flag"}},
+      {"missing data", {{"--data", no_data}}, {no_data + "/train-images-idx3-ubyte[.gz] not found"}, {"--synthetic"}},
+      {"truncated data",
+       {{"--data", short_raw}},
+       {short_raw + "/train-images-idx3-ubyte holds 77400 data bytes but its header promises 78400"},
+       {"--synthetic"}},
+      {"random --resume", {{"--resume", random}}, {"--resume '" + random + "': "}},
+      {"truncated --resume", {{"--resume", truncated}}, {"--resume '" + truncated + "': "}},
+      {"missing --resume",
+       {{"--resume", scratch.file("missing.pt")}},
+       {"--resume '" + scratch.file("missing.pt") + "': no such file"}},
+      {"--device tpu", {{"--device", "tpu"}}, {"--device 'tpu' is not a device"}},
+      {"--save into a missing folder",
+       {{"--save", scratch.file("no_folder/model.pt")}},
+       {"--save '" + scratch.file("no_folder/model.pt") + "': the folder '" + scratch.file("no_folder") +
+        "' does not exist"}},
+      {"--cpu-replicas 0",
+       {{"--cpu-replicas", "0"}},
+       {"--cpu-replicas must be a positive integer, got 0"},
+       {},
+       {"DataParallel", "DataParallelAmp"}},
+      {"--output-device -1",
+       {{"--output-device", "-1"}},
+       {"--output-device", "got -1"},
+       {},
+       {"DataParallel", "DataParallelAmp"}},
+      {"--nproc 0", {{"--nproc", "0"}}, {"--nproc must be a positive integer, got 0"}, {}, {"DdpSpawn"}},
+      {"--port 70000",
+       {{"--port", "70000"}},
+       {"--port must be 0 (a free one) or in 1..65535, got 70000"},
+       {},
+       {"DdpSpawn"}},
+      {"--opt-level O9", {{"--opt-level", "O9"}}, {"--opt-level", "O9"}, {}, {"DataParallelAmp", "AmpDdp"}},
+  };
+  if (!torch::cuda::is_available()) {
+    // data_parallel --device cuda used to train on CPU replicas, exit 0 and overwrite --save.
+    rows.push_back({"--device cuda without a GPU", {{"--device", "cuda"}}, {"--device cuda: no CUDA GPU is visible"}});
+    rows.push_back(
+        {"--device cuda:1 without a GPU", {{"--device", "cuda:1"}}, {"--device cuda:1: no CUDA GPU is visible"}});
+  }
+#ifdef LIBTORCH_AMP_HAVE_ZLIB
+  const std::string short_gz = scratch.folder("short_gz");
+  const std::string gz = gzip(idx, scratch.file("tmp.gz"));
+  example_test::write_file(short_gz + "/train-images-idx3-ubyte.gz", gz.substr(0, gz.size() / 2));
+  const std::string junk_gz = scratch.folder("junk_gz");
+  example_test::write_file(junk_gz + "/train-images-idx3-ubyte.gz", gz.substr(0, 10) + random_bytes(5000, 11));
+  rows.push_back({"truncated .gz",
+                  {{"--data", short_gz}},
+                  {"cannot decompress Fashion-MNIST file " + short_gz + "/train-images-idx3-ubyte.gz"},
+                  {"--synthetic"}});
+  rows.push_back({"corrupt .gz",
+                  {{"--data", junk_gz}},
+                  {"cannot decompress Fashion-MNIST file " + junk_gz + "/train-images-idx3-ubyte.gz"},
+                  {"--synthetic"}});
+#endif
+
+  const std::string save = scratch.file("existing.pt");
+  const std::string old_bytes = "a previous checkpoint that must survive";
+  example_test::write_file(save, old_bytes);
+  const std::vector<std::string> entries_before = example_test::folder_entries(scratch.path());
+  for (const BadInput& row : rows) {
+    if (!row.only.empty() && std::count(row.only.begin(), row.only.end(), example.name) == 0) continue;
+    SCOPED_TRACE(example.name + " with " + row.what);
+    const ProcessResult r = example_test::run_process(command(example, save, row.flags, row.drop), launch_env(example));
+    EXPECT_TRUE(r.exited() && r.exit_code() != 0) << r.describe();
+    EXPECT_TRUE(is_one_printable_line(r.err)) << r.describe();
+    for (const auto& fragment : row.fragments) {
+      EXPECT_NE(r.err.find(fragment), std::string::npos) << "'" << fragment << "' not in stderr\n" << r.describe();
+    }
+    EXPECT_EQ(example_test::read_file(save), old_bytes) << "--save was changed";
+    EXPECT_EQ(example_test::folder_entries(scratch.path()), entries_before) << "files were added or removed";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, BadInputTest, ::testing::ValuesIn(all_examples()),
+                         [](const ::testing::TestParamInfo<Example>& info) { return info.param.name; });
+
+}  // namespace
