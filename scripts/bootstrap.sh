@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
 VENV="${VENV:-.venv}"
 PACKAGES=(cmake ninja-build ccache g++ libgtest-dev libbenchmark-dev libcli11-dev libgloo-dev zlib1g-dev gnuplot-nox
-          dataset-fashion-mnist)
+          dataset-fashion-mnist iproute2)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
