@@ -119,9 +119,13 @@ ProcessGroup load_group(torch::autograd::AutogradContext* ctx) {
 /// y = (x - mean) * invstd * weight + bias with globally reduced statistics; backward reduces over the group.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& bias, const at::Tensor& mean, const at::Tensor& invstd,
-                            double total_count, const ProcessGroup* group) {
+  // weight / bias come as optionals: autograd takes an undefined Tensor argument for a variable and fails.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg,
+                            const at::Tensor& mean, const at::Tensor& invstd, double total_count,
+                            const ProcessGroup* group) {
+    const at::Tensor weight = weight_arg.value_or(at::Tensor());
+    const at::Tensor bias = bias_arg.value_or(at::Tensor());
     const auto acc = mean.scalar_type();
     const int64_t dim = input.dim();
     at::Tensor scale = invstd;
@@ -352,7 +356,8 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     }
   }
   const at::Tensor invstd = (var + options.eps()).rsqrt();
-  return SyncBatchNormFunction::apply(input, weight, bias, mean, invstd, total, &group);
+  const auto optional = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+  return SyncBatchNormFunction::apply(input, optional(weight), optional(bias), mean, invstd, total, &group);
 }
 
 namespace {
