@@ -184,8 +184,12 @@ void check_case(const Case& c, uint64_t seed, int rank, const ddp::ProcessGroup&
     check_close(sync->forward(x), batch_norm_forward(ref, x_full.to(torch::kDouble)).narrow(0, offset, mine), out_rtol,
                 out_atol, what + " eval output");
   } else if (mine > 1) {
+    // This rank's own statistics, through at::batch_norm as BatchNorm: compared with fp32 BatchNorm, since with as
+    // few as 2 values per channel the variance is ill-conditioned and fp32 differs from fp64 beyond 1e-5.
     torch::NoGradGuard no_grad;
-    check_close(sync->forward(x), batch_norm_forward(ref, x.to(torch::kDouble)), out_rtol, out_atol,
+    auto ref32 = std::dynamic_pointer_cast<torch::nn::Module>(ref->clone());
+    ref32->to(torch::kFloat);
+    check_close(sync->forward(x), batch_norm_forward(ref32, x.to(torch::kFloat)), out_rtol, out_atol,
                 what + " eval output (local statistics)");
   }
 }
