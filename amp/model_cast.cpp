@@ -1,5 +1,6 @@
 #include <amp/model_cast.h>
 
+#include <ddp/sync_batch_norm.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -7,7 +8,7 @@ namespace amp {
 
 bool is_batch_norm(const torch::nn::Module& module) {
   return module.as<torch::nn::BatchNorm1d>() != nullptr || module.as<torch::nn::BatchNorm2d>() != nullptr ||
-         module.as<torch::nn::BatchNorm3d>() != nullptr;
+         module.as<torch::nn::BatchNorm3d>() != nullptr || module.as<ddp::SyncBatchNorm>() != nullptr;
 }
 
 bool is_layer_or_group_norm(const torch::nn::Module& module) {

@@ -18,7 +18,7 @@ namespace amp {
 /// (set_data), so optimizers and hooks that hold them stay valid.
 void cast_model_(torch::nn::Module& module, c10::ScalarType dtype, bool keep_batchnorm_fp32, bool keep_layernorm_fp32);
 
-/// True for BatchNorm1d/2d/3d modules.
+/// True for BatchNorm1d/2d/3d and ddp::SyncBatchNorm modules.
 bool is_batch_norm(const torch::nn::Module& module);
 /// True for LayerNorm and GroupNorm modules.
 bool is_layer_or_group_norm(const torch::nn::Module& module);

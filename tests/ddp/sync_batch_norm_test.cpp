@@ -1,0 +1,590 @@
+#include <ddp/sync_batch_norm.h>
+
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/spawn.h>
+#include <ddp/worker_group.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ddp/ddp_test_util.h"
+#include "test_util.h"
+
+namespace {
+
+using ddp_test::contains_all;
+using ddp_test::kTestTimeout;
+
+/// Runs fn(rank, process group) on `world` forked ranks with Gloo on loopback; a rank reports failure by throwing.
+void run_ranks(int world, const std::function<void(int, const ddp::ProcessGroup&)>& fn) {
+  ddp::spawn(world, [&](int rank, int) {
+    at::set_num_threads(1);
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTestTimeout));
+    try {
+      fn(rank, pg);
+    } catch (const c10::Error& e) {
+      // spawn carries the message without the backtrace back; LTA_SYNCBN_DEBUG=1 prints it with the backtrace.
+      if (std::getenv("LTA_SYNCBN_DEBUG") != nullptr) std::cerr << e.what() << std::endl;
+      throw;
+    }
+  });
+}
+
+/// Throws (from a rank) unless actual and expected agree within rtol * |expected| + atol, elementwise.
+void check_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol, double atol,
+                 const std::string& what) {
+  TORCH_CHECK(actual.defined() == expected.defined(), what, ": one of the tensors is undefined");
+  if (!actual.defined()) return;
+  TORCH_CHECK(actual.sizes() == expected.sizes(), what, ": shape ", actual.sizes(), " vs ", expected.sizes());
+  const auto a = actual.to(torch::kDouble);
+  const auto e = expected.to(torch::kDouble);
+  const auto excess = (a - e).abs() - (e.abs() * rtol + atol);
+  TORCH_CHECK(a.numel() == 0 || excess.max().item<double>() <= 0, what, ": max abs diff ",
+              (a - e).abs().max().item<double>(), " beyond rtol ", rtol, " atol ", atol);
+}
+
+/// The reference: torch::nn::BatchNorm{1,2,3}d in fp64 with the given options.
+std::shared_ptr<torch::nn::Module> make_batch_norm(int dimensionality, const torch::nn::BatchNormOptions& options) {
+  switch (dimensionality) {
+    case 1:
+      return torch::nn::BatchNorm1d(options).ptr();
+    case 2:
+      return torch::nn::BatchNorm2d(options).ptr();
+    default:
+      return torch::nn::BatchNorm3d(options).ptr();
+  }
+}
+
+torch::Tensor batch_norm_forward(const std::shared_ptr<torch::nn::Module>& m, const torch::Tensor& x) {
+  if (auto* b1 = m->as<torch::nn::BatchNorm1d>()) return b1->forward(x);
+  if (auto* b2 = m->as<torch::nn::BatchNorm2d>()) return b2->forward(x);
+  return m->as<torch::nn::BatchNorm3d>()->forward(x);
+}
+
+torch::Tensor tensor_or_undefined(const torch::nn::Module& m, const std::string& name) {
+  const auto params = m.named_parameters(false);
+  if (const auto* p = params.find(name)) return p->defined() && p->grad().defined() ? p->grad() : torch::Tensor();
+  return torch::Tensor();
+}
+
+struct Case {
+  int dimensionality;               // 1, 2 or 3
+  std::vector<int64_t> spatial;     // trailing dims after (N, C)
+  std::vector<int64_t> rank_sizes;  // per-rank batch sizes (sum: the full batch)
+  std::optional<double> momentum;   // nullopt: cumulative average
+  bool affine;
+  bool track_running_stats;
+  double eps;
+  torch::ScalarType dtype;  // the input's dtype
+};
+
+std::string describe(const Case& c) {
+  std::string sizes;
+  for (auto s : c.rank_sizes) sizes += std::to_string(s) + " ";
+  return c10::str(c.dimensionality, "d spatial=", c.spatial, " sizes=", sizes,
+                  "momentum=", c.momentum ? std::to_string(*c.momentum) : "cumulative", " affine=", c.affine,
+                  " track=", c.track_running_stats, " eps=", c.eps, " dtype=", c.dtype);
+}
+
+constexpr int64_t kChannels = 3;
+
+/// On every rank: two training steps (forward, backward of sum(y * g)) and one eval forward of SyncBatchNorm on
+/// this rank's slice, against fp64 BatchNorm on the concatenated batch. Weight / bias gradients are summed over
+/// the ranks (what DDP's average times the world size gives). Throws on a mismatch.
+void check_case(const Case& c, uint64_t seed, int rank, const ddp::ProcessGroup& pg) {
+  const std::string what = c10::str(describe(c), " rank ", rank, " of ", pg.size());
+  int64_t full = 0;
+  for (auto s : c.rank_sizes) full += s;
+  int64_t offset = 0;
+  for (int r = 0; r < rank; ++r) offset += c.rank_sizes[static_cast<size_t>(r)];
+  const int64_t mine = c.rank_sizes[static_cast<size_t>(rank)];
+
+  // Inputs with a mean far from zero (the case where sum / sum-of-squares statistics lose digits).
+  torch::manual_seed(seed);
+  std::vector<int64_t> shape{full, kChannels};
+  shape.insert(shape.end(), c.spatial.begin(), c.spatial.end());
+  const auto weight = torch::rand({kChannels}) + 0.5;
+  const auto bias = torch::randn({kChannels});
+
+  auto ref = make_batch_norm(c.dimensionality, torch::nn::BatchNormOptions(kChannels)
+                                                   .eps(c.eps)
+                                                   .momentum(c.momentum)
+                                                   .affine(c.affine)
+                                                   .track_running_stats(c.track_running_stats));
+  ref->to(torch::kDouble);
+  auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels)
+                                     .eps(c.eps)
+                                     .momentum(c.momentum)
+                                     .affine(c.affine)
+                                     .track_running_stats(c.track_running_stats)
+                                     .dimensionality(c.dimensionality)
+                                     .process_group(pg));
+  if (c.affine) {
+    torch::NoGradGuard no_grad;
+    sync->weight.copy_(weight);
+    sync->bias.copy_(bias);
+    ref->named_parameters()["weight"].copy_(weight);
+    ref->named_parameters()["bias"].copy_(bias);
+  }
+
+  // Tolerances: fp32 input: the 1e-5 relative (plus 1e-6 absolute for values near 0). Half / bf16 input:
+  // the output and input gradient are fp32 results rounded once to the dtype, so they are within one unit of
+  // relative rounding (2^-10 for fp16, 2^-7 for bf16) of the exact value; statistics and parameter gradients stay
+  // fp32 sums of exactly converted values: fp32's bound, loosened for the longer sums.
+  const bool half = c.dtype != torch::kFloat;
+  const double out_rtol = c.dtype == torch::kHalf ? 1.0 / 1024 : (c.dtype == torch::kBFloat16 ? 1.0 / 128 : 1e-5);
+  const double out_atol = half ? out_rtol * 1e-2 : 1e-6;
+  const double stat_rtol = 1e-5;
+  const double grad_rtol = half ? 1e-4 : 1e-5;
+
+  for (int step = 0; step < 2; ++step) {
+    const auto x_full = (torch::randn(shape) * 2 + 5).to(c.dtype);  // the same on every rank (same seed)
+    const auto g_full = torch::randn(shape).to(c.dtype);
+    const std::string at_step = c10::str(what, " step ", step);
+
+    auto x_ref = x_full.to(torch::kDouble).requires_grad_();
+    for (auto& p : ref->parameters()) p.mutable_grad() = torch::Tensor();
+    const auto y_ref = batch_norm_forward(ref, x_ref);
+    (y_ref * g_full.to(torch::kDouble)).sum().backward();
+
+    auto x = x_full.narrow(0, offset, mine).clone().requires_grad_();
+    for (auto& p : sync->parameters()) p.mutable_grad() = torch::Tensor();
+    const auto y = sync->forward(x);
+    TORCH_CHECK(y.scalar_type() == c.dtype, at_step, ": output dtype ", y.scalar_type());
+    (y * g_full.narrow(0, offset, mine)).sum().backward();
+
+    check_close(y, y_ref.narrow(0, offset, mine), out_rtol, out_atol, at_step + " output");
+    check_close(x.grad(), x_ref.grad().narrow(0, offset, mine), out_rtol, half ? out_atol * 10 : 1e-5,
+                at_step + " input gradient");
+    for (const std::string name : {"weight", "bias"}) {
+      auto g = tensor_or_undefined(*sync, name);
+      if (g.defined()) {
+        g = g.clone();
+        pg.wait(pg.allreduce_sum_async(g), "test gradient sum");
+      }
+      check_close(g, tensor_or_undefined(*ref, name), grad_rtol, grad_rtol, at_step + " " + name + " gradient");
+    }
+    const auto ref_buffers = ref->named_buffers();
+    for (const auto& b : sync->named_buffers()) {
+      check_close(b.value(), ref_buffers[b.key()], stat_rtol, 1e-6, at_step + " " + b.key());
+    }
+  }
+
+  // Eval mode: running statistics (or, without them, this rank's own batch statistics, as BatchNorm's).
+  sync->eval();
+  ref->eval();
+  const auto x_full = (torch::randn(shape) * 2 + 5).to(c.dtype);
+  const auto x = x_full.narrow(0, offset, mine);
+  if (c.track_running_stats) {
+    torch::NoGradGuard no_grad;
+    check_close(sync->forward(x), batch_norm_forward(ref, x_full.to(torch::kDouble)).narrow(0, offset, mine), out_rtol,
+                out_atol, what + " eval output");
+  } else if (mine > 1) {
+    // This rank's own statistics, through at::batch_norm as BatchNorm: compared with fp32 BatchNorm, since with as
+    // few as 2 values per channel the variance is ill-conditioned and fp32 differs from fp64 beyond 1e-5.
+    torch::NoGradGuard no_grad;
+    auto ref32 = std::dynamic_pointer_cast<torch::nn::Module>(ref->clone());
+    ref32->to(torch::kFloat);
+    check_close(sync->forward(x), batch_norm_forward(ref32, x.to(torch::kFloat)), out_rtol, out_atol,
+                what + " eval output (local statistics)");
+  }
+}
+
+std::vector<Case> cases_for(int world, torch::ScalarType dtype) {
+  const std::vector<std::vector<int64_t>> splits =
+      world == 2 ? std::vector<std::vector<int64_t>>{{4, 4}, {3, 6}, {0, 7}}
+                 : std::vector<std::vector<int64_t>>{{2, 2, 2, 2}, {1, 3, 2, 4}, {3, 0, 2, 2}};
+  std::vector<Case> cases;
+  const std::vector<std::pair<int, std::vector<int64_t>>> shapes = {{1, {}}, {1, {5}}, {2, {3, 4}}, {3, {2, 3, 2}}};
+  size_t i = 0;
+  for (const auto& split : splits) {
+    for (const auto& [d, spatial] : shapes) {
+      // Rotate the options over the cases so that each value meets several shapes and splits.
+      const std::optional<double> momentum = i % 3 == 1 ? std::nullopt : std::optional<double>(i % 3 == 0 ? 0.1 : 0.7);
+      cases.push_back({d, spatial, split, momentum, i % 4 != 2, i % 5 != 3, i % 2 == 0 ? 1e-5 : 1e-3, dtype});
+      ++i;
+    }
+  }
+  return cases;
+}
+
+TEST(SyncBatchNormTest, MatchesFp64BatchNormOnTheConcatenatedBatchWithTwoAndFourRanks) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  for (const int world : {2, 4}) {
+    run_ranks(world, [&](int rank, const ddp::ProcessGroup& pg) {
+      for (const auto& c : cases_for(world, torch::kFloat)) check_case(c, seed, rank, pg);
+    });
+  }
+}
+
+TEST(SyncBatchNormTest, HalfAndBFloat16InputsKeepFp32StatisticsAndReturnTheInputDtype) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks(2, [&](int rank, const ddp::ProcessGroup& pg) {
+    for (const auto dtype : {torch::kHalf, torch::kBFloat16}) {
+      for (const auto& c : cases_for(2, dtype)) check_case(c, seed, rank, pg);
+    }
+  });
+}
+
+TEST(SyncBatchNormTest, WorldSizeOneIsBatchNormBitForBit) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks(1, [&](int, const ddp::ProcessGroup& pg) {
+    for (const std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>()}) {
+      torch::manual_seed(seed);
+      torch::nn::BatchNorm2d bn(torch::nn::BatchNormOptions(kChannels).momentum(momentum));
+      auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels).momentum(momentum).process_group(pg));
+      for (int step = 0; step < 3; ++step) {
+        const auto x = torch::randn({4, kChannels, 3, 3}) * 3 + 1;
+        const auto xa = x.clone().requires_grad_();
+        const auto xb = x.clone().requires_grad_();
+        const auto ya = bn->forward(xa);
+        const auto yb = sync->forward(xb);
+        ya.pow(2).sum().backward();
+        yb.pow(2).sum().backward();
+        TORCH_CHECK(torch::equal(ya, yb) && torch::equal(xa.grad(), xb.grad()),
+                    "world size 1: output or input "
+                    "gradient differs from BatchNorm");
+        TORCH_CHECK(
+            torch::equal(bn->running_mean, sync->running_mean) && torch::equal(bn->running_var, sync->running_var),
+            "world size 1: running statistics differ from BatchNorm");
+        TORCH_CHECK(torch::equal(bn->weight.grad(), sync->weight.grad()), "world size 1: weight gradient differs");
+      }
+    }
+  });
+}
+
+/// Runs `fn` expecting an error on every rank that contains every fragment; throws (failing the test) otherwise.
+void expect_error_on_rank(int rank, const std::function<void()>& fn, const std::vector<std::string>& fragments) {
+  std::string message;
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  }
+  TORCH_CHECK(!message.empty(), "rank ", rank, ": expected an error, got none");
+  for (const auto& f : fragments) {
+    TORCH_CHECK(message.find(f) != std::string::npos, "rank ", rank, ": '", f, "' not in: ", message);
+  }
+}
+
+TEST(SyncBatchNormTest, BadInputOnOneRankIsTheSameClearErrorOnEveryRankWithoutHanging) {
+  LTA_REQUIRE_GLOO();
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(2, [](int rank, const ddp::ProcessGroup& pg) {
+    auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels).dimensionality(2).process_group(pg));
+    // A 2d module given a 3-d input on rank 1 only.
+    expect_error_on_rank(
+        rank,
+        [&] {
+          sync->forward(rank == 1 ? torch::randn({2, kChannels, 4}) : torch::randn({2, kChannels, 4, 4}));
+        },
+        {"SyncBatchNorm2d(3)", "rank 1 got a 3-d input", "expects 4 dims (N, C, H, W)"});
+    // Rank 0's input has 5 channels.
+    expect_error_on_rank(rank,
+                         [&] {
+                           sync->forward(torch::randn({2, rank == 0 ? 5 : kChannels, 4, 4}));
+                         },
+                         {"rank 0 got an input with 5 channels", "expects 3"});
+    // A single value per channel over the whole group.
+    expect_error_on_rank(rank,
+                         [&] {
+                           sync->forward(torch::randn({rank == 0 ? 1 : 0, kChannels, 1, 1}));
+                         },
+                         {"expected more than 1 value per channel", "got 1"});
+    // After the errors the group is still in step: a good forward works.
+    const auto y = sync->forward(torch::randn({2, kChannels, 4, 4}));
+    TORCH_CHECK(y.sizes() == torch::IntArrayRef({2, kChannels, 4, 4}), "forward after the errors failed");
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kTestTimeout);
+}
+
+TEST(SyncBatchNormTest, RanksWithDifferentChannelCountsFailOnEveryRank) {
+  LTA_REQUIRE_GLOO();
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(2, [](int rank, const ddp::ProcessGroup& pg) {
+    const int64_t channels = rank == 0 ? 3 : 4;
+    auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(channels).process_group(pg));
+    expect_error_on_rank(rank,
+                         [&] {
+                           sync->forward(torch::randn({2, channels, 4}));
+                         },
+                         {"has num_features", "every rank must build the same model"});
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kTestTimeout);
+}
+
+TEST(SyncBatchNormTest, OptionsAreValidatedAndTrainingNeedsAProcessGroup) {
+  EXPECT_TRUE(contains_all(ddp_test::error_of([] { ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(0)); }),
+                           {"num_features must be > 0, got 0"}));
+  EXPECT_TRUE(contains_all(ddp_test::error_of([] { ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(2).momentum(1.5)); }),
+                           {"momentum must lie in [0, 1], got 1.5"}));
+  EXPECT_TRUE(
+      contains_all(ddp_test::error_of([] { ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(2).dimensionality(4)); }),
+                   {"dimensionality must be 1, 2 or 3, got 4"}));
+  ddp::SyncBatchNorm sync(2);
+  EXPECT_TRUE(contains_all(ddp_test::error_of([&] {
+                             sync->forward(torch::randn({4, 2}));
+                           }),
+                           {"SyncBatchNorm(2)", "needs a process group"}));
+  sync->eval();
+  EXPECT_TRUE(torch::allclose(sync->forward(torch::ones({4, 2})), torch::ones({4, 2}) / std::sqrt(1 + 1e-5)));
+}
+
+// A model with BatchNorm in every place the converter looks: the root's registry (a member holder), a
+// Sequential, a ModuleList, a ModuleDict, and a nested submodule.
+struct InnerImpl : torch::nn::Module {
+  InnerImpl() { bn = register_module("bn", torch::nn::BatchNorm1d(4)); }
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(Inner);
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    features = register_module(
+        "features", torch::nn::Sequential(torch::nn::Conv2d(2, 3, 3), torch::nn::BatchNorm2d(3), torch::nn::ReLU()));
+    list = register_module("list", torch::nn::ModuleList(torch::nn::BatchNorm3d(2)));
+    dict = register_module("dict", torch::nn::ModuleDict(torch::OrderedDict<std::string, std::shared_ptr<Module>>(
+                                       {{"norm", torch::nn::BatchNorm2d(3).ptr()}})));
+    head_bn = register_module("head_bn", torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(4).affine(false)));
+    inner = register_module("inner", Inner());
+    linear = register_module("linear", torch::nn::Linear(3, 4));
+  }
+  /// Forward through the registry and the containers (see convert_sync_batch_norm's limitation).
+  std::vector<torch::Tensor> forward(const torch::Tensor& image, const torch::Tensor& volume) {
+    auto children = named_children();
+    auto h = features->forward(image);
+    h = dict["norm"]->as<ddp::SyncBatchNorm>() ? dict["norm"]->as<ddp::SyncBatchNorm>()->forward(h)
+                                               : dict["norm"]->as<torch::nn::BatchNorm2d>()->forward(h);
+    auto v = list->ptr(0)->as<ddp::SyncBatchNorm>() ? list->ptr(0)->as<ddp::SyncBatchNorm>()->forward(volume)
+                                                    : list->ptr(0)->as<torch::nn::BatchNorm3d>()->forward(volume);
+    auto f = linear->forward(h.mean({2, 3}));
+    for (const std::string name : {"head_bn"}) {
+      auto& m = children[name];
+      f = m->as<ddp::SyncBatchNorm>() ? m->as<ddp::SyncBatchNorm>()->forward(f)
+                                      : m->as<torch::nn::BatchNorm1d>()->forward(f);
+    }
+    auto& in = children["inner"]->named_children()["bn"];
+    f = in->as<ddp::SyncBatchNorm>() ? in->as<ddp::SyncBatchNorm>()->forward(f)
+                                     : in->as<torch::nn::BatchNorm1d>()->forward(f);
+    return {f, v};
+  }
+  torch::nn::Sequential features{nullptr};
+  torch::nn::ModuleList list{nullptr};
+  torch::nn::ModuleDict dict{nullptr};
+  torch::nn::BatchNorm1d head_bn{nullptr};
+  Inner inner{nullptr};
+  torch::nn::Linear linear{nullptr};
+};
+TORCH_MODULE(Net);
+
+TEST(SyncBatchNormTest, ConverterReplacesEveryBatchNormKeepingStateBitForBitAndEvalOutputs) {
+  torch::manual_seed(test_util::fresh_seed());
+  Net net;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.copy_(torch::randn_like(p));
+    for (auto& b : net->named_buffers()) {
+      if (b.key().find("num_batches_tracked") != std::string::npos) {
+        b.value().fill_(7);
+      } else {
+        b.value().copy_(torch::rand_like(b.value()) + 0.5);
+      }
+    }
+  }
+  net->eval();
+  const auto image = torch::randn({2, 2, 6, 6});
+  const auto volume = torch::randn({2, 2, 3, 3, 3});
+  const auto before = net->forward(image, volume);
+  std::vector<std::pair<std::string, torch::Tensor>> state_before;
+  for (const auto& p : net->named_parameters()) state_before.emplace_back(p.key(), p.value().clone());
+  for (const auto& b : net->named_buffers()) state_before.emplace_back(b.key(), b.value().clone());
+
+  std::string logged;
+  auto root = ddp::convert_sync_batch_norm(net.ptr(), std::nullopt, [&](const std::string& l) { logged = l; });
+  EXPECT_EQ(root.get(), net.ptr().get());
+  EXPECT_TRUE(
+      contains_all(logged, {"replaced 5 BatchNorm", "features.1", "list.0", "dict.norm", "head_bn", "inner.bn"}));
+  // The two held by member holders are named in the warning; the containers' elements are not.
+  const std::string warning = logged.substr(logged.find("WARNING"));
+  EXPECT_TRUE(contains_all(warning, {"2 replaced", "head_bn", "inner.bn"}));
+  EXPECT_EQ(warning.find("features.1"), std::string::npos) << warning;
+  int64_t sync_count = 0;
+  for (const auto& m : net->modules()) {
+    EXPECT_EQ(m->as<torch::nn::BatchNorm1d>(), nullptr);
+    EXPECT_EQ(m->as<torch::nn::BatchNorm2d>(), nullptr);
+    EXPECT_EQ(m->as<torch::nn::BatchNorm3d>(), nullptr);
+    if (auto* s = m->as<ddp::SyncBatchNorm>()) {
+      ++sync_count;
+      EXPECT_FALSE(s->is_training());
+    }
+  }
+  EXPECT_EQ(sync_count, 5);
+  EXPECT_EQ(net->features[1]->as<ddp::SyncBatchNorm>()->options.dimensionality(), 2);
+  EXPECT_EQ(net->list->ptr(0)->as<ddp::SyncBatchNorm>()->options.dimensionality(), 3);
+  EXPECT_FALSE(net->named_children()["head_bn"]->as<ddp::SyncBatchNorm>()->options.affine());
+
+  std::vector<std::pair<std::string, torch::Tensor>> state_after;
+  for (const auto& p : net->named_parameters()) state_after.emplace_back(p.key(), p.value());
+  for (const auto& b : net->named_buffers()) state_after.emplace_back(b.key(), b.value());
+  ASSERT_EQ(state_after.size(), state_before.size());
+  for (size_t i = 0; i < state_after.size(); ++i) {
+    EXPECT_EQ(state_after[i].first, state_before[i].first);
+    EXPECT_EQ(state_after[i].second.scalar_type(), state_before[i].second.scalar_type()) << state_after[i].first;
+    EXPECT_TRUE(torch::equal(state_after[i].second, state_before[i].second)) << state_after[i].first;
+  }
+  const auto after = net->forward(image, volume);
+  EXPECT_TRUE(torch::equal(after[0], before[0]));
+  EXPECT_TRUE(torch::equal(after[1], before[1]));
+
+  // The state loads back into plain BatchNorm: same names, same shapes.
+  Net plain;
+  for (auto& p : plain->named_parameters()) EXPECT_NE(net->named_parameters().find(p.key()), nullptr) << p.key();
+  for (auto& b : plain->named_buffers()) EXPECT_NE(net->named_buffers().find(b.key()), nullptr) << b.key();
+}
+
+TEST(SyncBatchNormTest, ConverterReturnsAModelWithoutBatchNormUnchangedAndConvertsABatchNormRoot) {
+  torch::nn::Sequential mlp(torch::nn::Linear(3, 4), torch::nn::ReLU());
+  std::string logged;
+  const auto log = [&](const std::string& l) { logged = l; };
+  EXPECT_EQ(ddp::convert_sync_batch_norm(mlp.ptr(), std::nullopt, log).get(), mlp.ptr().get());
+  EXPECT_TRUE(contains_all(logged, {"no BatchNorm1d/2d/3d", "unchanged"}));
+
+  torch::nn::BatchNorm2d bn(5);
+  auto root = ddp::convert_sync_batch_norm(bn.ptr(), std::nullopt, log);
+  ASSERT_NE(root->as<ddp::SyncBatchNorm>(), nullptr);
+  EXPECT_TRUE(contains_all(logged, {"replaced 1", "(root)"}));
+  EXPECT_EQ(ddp::set_sync_batch_norm_process_group(*root, std::nullopt), 1);
+}
+
+/// conv -> BatchNorm2d -> ReLU -> conv -> BatchNorm2d -> ReLU -> mean over space -> linear, all in one Sequential.
+torch::nn::Sequential make_cnn(uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)), torch::nn::BatchNorm2d(4), torch::nn::ReLU(),
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 6, 3).padding(1)), torch::nn::BatchNorm2d(6), torch::nn::ReLU(),
+      torch::nn::Functional([](const torch::Tensor& x) {
+        return x.mean({2, 3});
+      }),
+      torch::nn::Linear(6, 3));
+}
+
+TEST(SyncBatchNormTest, DdpTrainingWithSyncBatchNormEqualsSingleProcessFullBatchTraining) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  constexpr int kSteps = 20;
+  constexpr int64_t kFullBatch = 16;
+  constexpr double kLr = 0.1;
+  run_ranks(2, [&](int rank, const ddp::ProcessGroup& pg) {
+    const auto data_for = [&](int step) {
+      torch::manual_seed(seed + 1000 + static_cast<uint64_t>(step));
+      return std::make_pair(torch::randn({kFullBatch, 1, 6, 6}) + 1, torch::randint(0, 3, {kFullBatch}));
+    };
+    // The reference: BatchNorm on the full batch in one process.
+    auto ref = make_cnn(seed);
+    torch::optim::SGD ref_opt(ref->parameters(), kLr);
+    for (int step = 0; step < kSteps; ++step) {
+      const auto [x, y] = data_for(step);
+      ref_opt.zero_grad();
+      torch::cross_entropy_loss(ref->forward(x), y).backward();
+      ref_opt.step();
+    }
+
+    // DDP over 2 ranks, each with half the batch, the BatchNorms converted (rank 1 starts from other weights: DDP
+    // broadcasts rank 0's).
+    auto model = make_cnn(seed + static_cast<uint64_t>(rank));
+    ddp::convert_sync_batch_norm(model.ptr(), pg, [](const std::string&) {});
+    ddp::DistributedDataParallel ddp(model, pg);
+    torch::optim::SGD opt(model->parameters(), kLr);
+    const int64_t per = kFullBatch / pg.size();
+    for (int step = 0; step < kSteps; ++step) {
+      const auto [x, y] = data_for(step);
+      opt.zero_grad();
+      torch::cross_entropy_loss(ddp.forward(x.narrow(0, rank * per, per)), y.narrow(0, rank * per, per)).backward();
+      opt.step();
+    }
+    const auto ref_state = ref->named_parameters();
+    for (const auto& p : model->named_parameters()) {
+      check_close(p.value(), ref_state[p.key()], 1e-4, 1e-5, c10::str("rank ", rank, " parameter ", p.key()));
+    }
+    const auto ref_buffers = ref->named_buffers();
+    for (const auto& b : model->named_buffers()) {
+      check_close(b.value(), ref_buffers[b.key()], 1e-4, 1e-5, c10::str("rank ", rank, " buffer ", b.key()));
+    }
+    // And the parameters moved, so the comparison means something.
+    const auto start = make_cnn(seed);
+    TORCH_CHECK(!torch::allclose(start->parameters()[0], model->parameters()[0]), "the parameters did not move");
+  });
+}
+
+// CUDA tensors (for the GPU check): ranks are threads of this process (a forked child cannot use CUDA), meeting
+// over tcp:// on loopback; Gloo takes the CUDA tensors, and NCCL when built in. Each thread compares its slice with
+// BatchNorm2d on the concatenated batch on the GPU.
+void run_cuda_ranks(const std::string& backend, int world) {
+  const int port = ddp::detail::find_free_port();
+  const uint64_t seed = test_util::fresh_seed();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        const torch::Device device(torch::kCUDA, backend == "nccl" ? rank : 0);
+        const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions()
+                                                                 .backend(backend)
+                                                                 .init_method("tcp://127.0.0.1:" + std::to_string(port))
+                                                                 .rank(rank)
+                                                                 .world_size(world)
+                                                                 .cuda_device(device.index())
+                                                                 .timeout(kTestTimeout));
+        torch::manual_seed(seed);
+        const auto x_full = torch::randn({4 * world, kChannels, 5, 5}).to(device) * 2 + 3;
+        const auto g_full = torch::randn({4 * world, kChannels, 5, 5}).to(device);
+        torch::nn::BatchNorm2d ref(kChannels);
+        ref->to(device);
+        auto x_ref = x_full.clone().requires_grad_();
+        (ref->forward(x_ref) * g_full).sum().backward();
+        auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels).dimensionality(2).process_group(pg));
+        sync->to(device);
+        auto x = x_full.narrow(0, 4 * rank, 4).clone().requires_grad_();
+        const auto y = sync->forward(x);
+        (y * g_full.narrow(0, 4 * rank, 4)).sum().backward();
+        check_close(y, ref->forward(x_full).narrow(0, 4 * rank, 4).detach(), 1e-4, 1e-5, "CUDA output");
+        check_close(x.grad(), x_ref.grad().narrow(0, 4 * rank, 4), 1e-4, 1e-5, "CUDA input gradient");
+        check_close(sync->running_var, ref->running_var, 1e-5, 1e-6, "CUDA running_var");
+      } catch (const c10::Error& e) {
+        errors[static_cast<size_t>(rank)] = e.what_without_backtrace();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < world; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << "rank " << rank;
+}
+
+TEST(SyncBatchNormCudaTest, WorldSizeOneOnCudaMatchesBatchNorm) {
+  LTA_REQUIRE_CUDA();
+  LTA_REQUIRE_GLOO();
+  run_cuda_ranks("gloo", 1);
+}
+
+TEST(SyncBatchNormCudaTest, GlooWithCudaTensorsMatchesBatchNormOnTheConcatenatedBatch) {
+  LTA_REQUIRE_CUDA();
+  LTA_REQUIRE_GLOO();
+  run_cuda_ranks("gloo", 2);
+}
+
+TEST(SyncBatchNormCudaTest, NcclMatchesBatchNormOnTheConcatenatedBatch) {
+  LTA_REQUIRE_CUDA();
+  if (!ddp::backend_available("nccl")) GTEST_SKIP() << "needs the NCCL backend (not built in)";
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA GPUs";
+  run_cuda_ranks("nccl", 2);
+}
+
+}  // namespace
