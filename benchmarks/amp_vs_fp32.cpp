@@ -3,12 +3,15 @@
 //
 // Trains the same model on the same batches from the same initial weights under FP32, TF32 (CUDA), and amp's
 // O1/O2/O3 with fp16 and bf16 (where the device has them), on two models: the Fashion-MNIST CNN and a small
-// transformer on synthetic tokens. In the same run it times two peers on the same model and batches: the
-// hand-rolled LibTorch loop (at::autocast + at::_amp_foreach_non_finite_check_and_unscale_ + at::_amp_update_scale_
-// + torch::optim) and, when a Python with torch is found, torch.autocast + torch.amp.GradScaler
-// (benchmarks/peers/torch_amp_peer.py). Prints a table last; writes JSON, CSV and a PNG into benchmarks/results/.
+// transformer on synthetic tokens. In the same run, interleaved with ours, it times two peers on the same model,
+// weights and batches: the hand-rolled LibTorch loop (at::autocast + at::_amp_foreach_non_finite_check_and_unscale_
+// + at::_amp_update_scale_ + torch::optim) and, when a Python with torch is found, torch.autocast +
+// torch.amp.GradScaler (benchmarks/peers/torch_amp_peer.py), which gets our weights, data and batch order as bytes
+// (common/peer_bundle.h) and proves it with digests. Prints a table last; writes JSON, CSV and a PNG into
+// benchmarks/results/.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -16,6 +19,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +40,7 @@
 #endif
 
 #include "common/amp_report.h"
+#include "common/peer_bundle.h"
 #include "common/timing.h"
 #include "common/torch_amp_peer.h"
 #include "common/training_tasks.h"
@@ -54,10 +60,14 @@ constexpr double kLoopInitScale = 65536.0;
 constexpr double kLoopGrowthFactor = 2.0;
 constexpr double kLoopBackoffFactor = 0.5;
 constexpr int64_t kLoopGrowthInterval = 2000;
+/// How far the torch.amp peer's final loss may be from our O1 run's (relative) before the run is flagged: both
+/// train the same model from the same weights on the same batches under the same autocast, so anything beyond
+/// rounding-order noise means the comparison is not like for like.
+constexpr double kPeerLossTolerance = 0.02;
 
 struct Config {
   std::string name;  // as printed
-  std::string kind;  // "fp32", "tf32", "amp", "loop"
+  std::string kind;  // "fp32", "tf32", "amp", "loop", "torch.amp" (the Python peer)
   c10::ScalarType dtype = at::kFloat;
   amp::OptLevel level = amp::OptLevel::O0;
 };
@@ -260,10 +270,17 @@ std::string error_text(const std::exception& e) {
   return text.substr(0, text.find('\n'));  // the first line says what; the rest is context
 }
 
-/// One configuration of one model while the matrix runs.
+/// The Python peer of one model, shared by its contenders (one per dtype), and the digest its weights must have.
+struct PeerLink {
+  bench::TorchAmpPeer* process = nullptr;
+  std::string weights_digest;  // byte_digest of our initial model state
+};
+
+/// One configuration of one model while the matrix runs: ours (trainer) or the Python peer's (peer.process).
 struct Contender {
   Config config;
   RunResult result;
+  PeerLink peer;
   std::optional<Trainer> trainer;
   at::Tensor losses;  // [steps] fp32 on the device
   int64_t next_step = 0;
@@ -291,9 +308,25 @@ void step_contender(const Task& task, Contender& c, int64_t until_step) {
   }
 }
 
+/// The Python peer's contender: created (its weights checked against ours), then its warmup steps.
+void warm_up_peer(Contender& c, int64_t warmup) {
+  const auto created = c.peer.process->call("create " + c.result.dtype);
+  const std::string digest = created.count("weights") ? created.at("weights") : "none";
+  if (digest != c.peer.weights_digest) {
+    throw std::runtime_error(
+        fmt::format("its initial weights are not ours (digest {}, ours {})", digest, c.peer.weights_digest));
+  }
+  if (warmup > 0) {
+    const auto trained = c.peer.process->call(fmt::format("train {} 0 {}", c.result.dtype, warmup));
+    if (trained.count("peak_mib")) c.result.peak_mib = bench::number_field(trained, "peak_mib");
+  }
+  c.next_step = warmup;
+}
+
 /// Builds the contender and runs its warmup steps alone, measuring its peak memory.
 template <typename Task>
 void warm_up(const Task& task, Contender& c, const torch::Device& device, int64_t warmup) {
+  if (c.peer.process != nullptr) return warm_up_peer(c, warmup);
   with_precision(c, device, [&] {
     PeakMemory memory(device);
     c.trainer = make_trainer(task, c.config, device);
@@ -304,6 +337,19 @@ void warm_up(const Task& task, Contender& c, const torch::Device& device, int64_
   });
 }
 
+/// The peer's "finish" reply: its losses, final loss, accuracy and scaler readings.
+void finish_peer(Contender& c) {
+  RunResult& r = c.result;
+  const auto fields = c.peer.process->call("finish " + r.dtype);
+  r.final_loss = bench::number_field(fields, "final_loss");
+  r.accuracy = bench::number_field(fields, "accuracy");
+  r.skipped_steps = static_cast<int64_t>(bench::number_field(fields, "skipped"));
+  r.final_scale = bench::number_field(fields, "scale");
+  std::istringstream losses(fields.count("losses") ? fields.at("losses") : "");
+  std::string value;
+  while (std::getline(losses, value, ',')) r.losses.push_back(std::stof(value));
+}
+
 /// After the last step: losses, accuracy, scaler readings; then frees the contender's model.
 template <typename Task>
 void finish(const Task& task, Contender& c, const torch::Device& device) {
@@ -312,6 +358,7 @@ void finish(const Task& task, Contender& c, const torch::Device& device) {
   const double step_s = bench::median(c.seconds_per_step);
   r.step_ms = 1e3 * step_s;
   r.samples_per_s = static_cast<double>(task.samples_per_step()) / step_s;
+  if (c.peer.process != nullptr) return finish_peer(c);
   auto host = c.losses.cpu();
   r.losses.assign(host.data_ptr<float>(), host.data_ptr<float>() + steps);
   r.final_loss = host.slice(0, steps - std::min(kFinalLossWindowSteps, steps)).mean().item<double>();
@@ -327,10 +374,11 @@ void finish(const Task& task, Contender& c, const torch::Device& device) {
 }
 
 /// Trains every configuration for task.num_steps() steps: warmup alone, then timed in interleaved rounds of
-/// `steps_per_round` steps (Note [interleaved rounds]). A configuration that throws is reported, not fatal.
+/// `steps_per_round` steps (Note [interleaved rounds]). Configurations of kind "torch.amp" run in the Python
+/// peer `peer` (which waits for its turn as ours do). A configuration that throws is reported, not fatal.
 template <typename Task>
 std::vector<RunResult> run_configs(const Task& task, const std::vector<Config>& configs, const torch::Device& device,
-                                   int64_t warmup, int64_t rounds) {
+                                   int64_t warmup, int64_t rounds, const PeerLink& peer) {
   const int64_t steps = task.num_steps();
   warmup = std::clamp<int64_t>(warmup, 0, steps - 1);
   const int64_t steps_per_round = (steps - warmup + rounds - 1) / rounds;
@@ -342,6 +390,7 @@ std::vector<RunResult> run_configs(const Task& task, const std::vector<Config>& 
     c.result.config = config.name;
     c.result.kind = config.kind;
     c.result.dtype = config.kind == "tf32" ? "tf32" : dtype_name(config.dtype);
+    if (config.kind == "torch.amp") c.peer = peer;
     contenders.push_back(std::move(c));
   }
   auto guarded = [&](Contender& c, const std::function<void()>& body) {
@@ -349,7 +398,7 @@ std::vector<RunResult> run_configs(const Task& task, const std::vector<Config>& 
     try {
       body();
     } catch (const std::exception& e) {
-      c.result.error = error_text(e);
+      c.result.error = (c.peer.process != nullptr ? "torch.amp peer: " : "") + error_text(e);
       c.trainer.reset();
     }
   };
@@ -365,6 +414,12 @@ std::vector<RunResult> run_configs(const Task& task, const std::vector<Config>& 
     const int64_t end = std::min(steps, begin + steps_per_round);
     for (auto& c : contenders) {
       guarded(c, [&] {
+        if (c.peer.process != nullptr) {  // timed by the peer itself, device synchronized around its steps
+          const auto reply = c.peer.process->call(fmt::format("train {} {} {}", c.result.dtype, begin, end));
+          c.seconds_per_step.push_back(bench::number_field(reply, "seconds") / static_cast<double>(end - begin));
+          c.next_step = end;
+          return;
+        }
         with_precision(c, device, [&] {
           bench::synchronize(device);
           const auto start = std::chrono::steady_clock::now();
@@ -476,44 +531,104 @@ std::vector<std::string> peer_model_args(const bench::TransformerTask& task) {
           "--layers",  std::to_string(m.num_layers()), "--mlp-ratio", std::to_string(m.mlp_ratio())};
 }
 
-/// Every configuration of one model, then the peers, appended to `results`.
+/// Our digest of every step's input and target, in the order the peer digests them.
 template <typename Task>
-void run_model(const Task& task, const Flags& flags, const torch::Device& device, int64_t warmup,
+std::string batch_digest(const Task& task) {
+  std::vector<at::Tensor> tensors;
+  for (int64_t step = 0; step < task.num_steps(); ++step) {
+    const Batch b = task.batch(step);
+    tensors.push_back(b.input);
+    tensors.push_back(b.target);
+  }
+  return bench::byte_digest(tensors);
+}
+
+/// Writes the model's bundle (our initial weights as weights/<name>, the task's data and order) and starts its
+/// torch.amp peer on it. Returns nullptr after printing why when the peer cannot run (no Python with torch); throws
+/// when it runs but does not see exactly our batches.
+template <typename Task>
+std::unique_ptr<bench::TorchAmpPeer> start_peer(const Task& task, const Flags& flags, const torch::Device& device,
+                                                const bench::NamedTensors& weights, const std::string& bundle_path) {
+  bench::NamedTensors bundle = task.peer_data();
+  for (const auto& [name, tensor] : weights) bundle.emplace_back("weights/" + name, tensor);
+  bench::save_peer_bundle(bundle_path, bundle);
+  bench::TorchPeerRequest request;
+  request.python = flags.python.empty() ? bench::default_python(LTA_SOURCE_DIR) : flags.python;
+  request.script = flags.peer_script;
+  request.bundle = bundle_path;
+  request.model = task.name();
+  request.device = device.str();
+  request.threads = at::get_num_threads();
+  request.batch_size = task.samples_per_step();
+  request.lr = task.settings().lr;
+  request.model_args = peer_model_args(task);
+  request.log_path = flags.out_dir + "/torch_amp_peer_" + task.name() + ".log";
+  fmt::print("  torch.amp peer: {} {} ({} threads)\n", request.python, request.script, request.threads);
+  std::fflush(stdout);
+  std::string skip_reason;
+  auto peer = bench::TorchAmpPeer::start(request, &skip_reason);
+  if (peer == nullptr) {
+    fmt::print("  torch.amp peer not run: {}\n", skip_reason);
+    return nullptr;
+  }
+  const std::string ours = batch_digest(task);
+  if (peer->num_steps() != task.num_steps() || peer->batch_digest() != ours) {
+    throw std::runtime_error(fmt::format(
+        "the torch.amp peer does not train on our batches: {} steps with digest {}, ours {} steps with digest {}",
+        peer->num_steps(), peer->batch_digest(), task.num_steps(), ours));
+  }
+  fmt::print("  torch.amp peer: same {} batches (digest {}), same initial weights (digest {}) as ours\n",
+             task.num_steps(), ours, bench::byte_digest(weights));
+  return peer;
+}
+
+/// The peer trains what our O1 trains, so their final losses must agree: says how close, and returns false
+/// (after saying so loudly) when they are further apart than kPeerLossTolerance.
+bool check_peer_loss(const std::vector<RunResult>& results, const std::string& model) {
+  bool ok = true;
+  for (const RunResult& peer : results) {
+    if (peer.model != model || peer.kind != "torch.amp" || !peer.ok() || !peer.final_loss) continue;
+    for (const RunResult& ours : results) {
+      if (ours.model != model || ours.dtype != peer.dtype || !ours.ok() || !ours.final_loss) continue;
+      if (ours.config != "O1 " + peer.dtype && ours.kind != "loop") continue;
+      const double apart = std::abs(*peer.final_loss - *ours.final_loss) / std::max(std::abs(*ours.final_loss), 1e-12);
+      const bool close = apart <= kPeerLossTolerance;
+      fmt::print("  {:<16}final loss {:.4f} vs {} {:.4f}: {:.2f}% apart{}\n", peer.config, *peer.final_loss,
+                 ours.config, *ours.final_loss, 100.0 * apart,
+                 close ? fmt::format(" (within {:.0f}%)", 100.0 * kPeerLossTolerance)
+                       : fmt::format(" -- MORE THAN {:.0f}%: NOT LIKE FOR LIKE", 100.0 * kPeerLossTolerance));
+      if (ours.kind == "amp" && !close) ok = false;
+    }
+  }
+  return ok;
+}
+
+/// Every configuration of one model and its peers, interleaved, appended to `results`. Returns false when the
+/// torch.amp peer's final loss is not close to our O1's (check_peer_loss).
+template <typename Task>
+bool run_model(const Task& task, const Flags& flags, const torch::Device& device, int64_t warmup,
                std::vector<RunResult>& results) {
   fmt::print("\n{}\n", task.description());
   const auto dtypes = half_dtypes(device, flags.full);
   std::vector<Config> configs = our_configs(device, dtypes);
   for (auto dtype : dtypes) configs.push_back({"loop O1 " + dtype_name(dtype), "loop", dtype});
-  for (auto& r : run_configs(task, configs, device, warmup, flags.rounds)) results.push_back(std::move(r));
-  if (flags.no_torch_peer) return;
-  bench::TorchPeerRequest request;
-  request.python = flags.python.empty() ? bench::default_python(LTA_SOURCE_DIR) : flags.python;
-  request.script = flags.peer_script;
-  request.model = task.name();
-  request.device = device.str();
-  for (auto dtype : dtypes) request.dtypes.push_back(dtype_name(dtype));
-  request.steps = task.num_steps();
-  request.warmup = std::clamp<int64_t>(warmup, 0, task.num_steps() - 1);
-  request.rounds = flags.rounds;
-  request.threads = at::get_num_threads();
-  request.batch_size = task.samples_per_step();
-  request.seed = flags.seed;
-  request.lr = task.settings().lr;
-  request.model_args = peer_model_args(task);
-  request.log_path = flags.out_dir + "/torch_amp_peer_" + task.name() + ".log";
-  fmt::print("  torch.amp peer  ({} {})\n", request.python, request.script);
-  std::fflush(stdout);
-  std::string skip_reason;
-  auto rows = bench::run_torch_amp_peer(request, &skip_reason);
-  if (!skip_reason.empty()) fmt::print("  torch.amp peer not run: {}\n", skip_reason);
-  for (auto& row : rows) {
-    if (row.ok()) {
-      fmt::print("  {:<16}{:>10.1f} samples/s\n", row.config, row.samples_per_s);
-    } else {
-      fmt::print("  {:<16}skipped: {}\n", row.config, row.error);
-    }
-    results.push_back(row);
+  std::unique_ptr<bench::TorchAmpPeer> peer;
+  PeerLink link;
+  const std::string bundle_path = flags.out_dir + "/torch_amp_peer_" + task.name() + ".pt";
+  if (!flags.no_torch_peer) {
+    typename Task::Net initial = task.make_model();  // what every contender starts from (make_model is seeded)
+    const bench::NamedTensors weights = bench::module_state(*initial);
+    peer = start_peer(task, flags, device, weights, bundle_path);
+    link.weights_digest = bench::byte_digest(weights);
   }
+  if (peer != nullptr) {
+    link.process = peer.get();
+    for (auto dtype : dtypes) configs.push_back({"torch.amp " + dtype_name(dtype), "torch.amp", dtype});
+  }
+  for (auto& r : run_configs(task, configs, device, warmup, flags.rounds, link)) results.push_back(std::move(r));
+  peer.reset();
+  std::filesystem::remove(bundle_path);  // it can be large (full mode: the whole data set); the log stays
+  return check_peer_loss(results, task.name());
 }
 
 std::string cpu_model_name() {
@@ -548,8 +663,9 @@ const char* kLegend =
     "run's start, measured during its warmup ('-' on CPU: not measured); x mem: to FP32. loss: mean of the last\n"
     "10 steps. acc: CNN test accuracy, transformer held-out next-token accuracy. skipped/scale: overflowed steps\n"
     "and the final loss scale. x loop / x torch: our throughput over the hand-rolled LibTorch autocast loop /\n"
-    "torch.autocast + GradScaler (both O1-style, same dtype). The torch.amp peer runs after ours (not interleaved)\n"
-    "on random inputs of the same shapes, so it has no loss or accuracy here.\n";
+    "torch.autocast + GradScaler (both O1-style, same dtype). Both peers train from our initial weights on our\n"
+    "batches in our order (the torch.amp peer gets them as bytes and its digests are checked), with our threads,\n"
+    "their timed rounds interleaved with ours; the torch.amp peer times its own steps inside its process.\n";
 
 }  // namespace
 
@@ -588,15 +704,16 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(flags.out_dir);
 
     std::vector<RunResult> results;
+    bool peers_agree = true;
     for (const std::string& model : flags.models) {
       if (model == "cnn") {
         bench::CnnTask task(cnn_settings(flags, device.is_cuda()), device);
         context.task_descriptions.push_back(task.description());
-        run_model(task, flags, device, warmup, results);
+        peers_agree = run_model(task, flags, device, warmup, results) && peers_agree;
       } else {
         bench::TransformerTask task(transformer_settings(flags, device.is_cuda()), device);
         context.task_descriptions.push_back(task.description());
-        run_model(task, flags, device, warmup, results);
+        peers_agree = run_model(task, flags, device, warmup, results) && peers_agree;
       }
     }
 
@@ -604,6 +721,13 @@ int main(int argc, char** argv) {
     const std::string plot = bench::write_plot(flags.out_dir, context, results);
     fmt::print("\nresults: {0}/amp_vs_fp32.json, {0}/amp_vs_fp32.csv; {1}\n\n{2}\n", flags.out_dir, plot, kLegend);
     fmt::print("{}", bench::format_table(results));
+    if (!peers_agree) {
+      std::fprintf(stderr,
+                   "bench_amp_vs_fp32: the torch.amp peer's final loss is more than %.0f%% away from our O1's on the "
+                   "same weights and batches (lines 'NOT LIKE FOR LIKE' above): its throughput is not comparable\n",
+                   100.0 * kPeerLossTolerance);
+      return 1;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_amp_vs_fp32: %s\n", error_text(e).c_str());
     return 1;

@@ -1,12 +1,12 @@
 #include "common/torch_amp_peer.h"
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
-#include <map>
+#include <csignal>
 #include <sstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -15,29 +15,15 @@ namespace {
 
 /// The peer's exit status when its Python has no torch (a skip, not a failure).
 constexpr int kExitNoTorch = 3;
+/// The child's exit status when exec itself failed.
+constexpr int kExitExecFailed = 127;
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-std::string join(const std::vector<std::string>& items, const char* separator) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
-  return out;
-}
-
-/// "key=value key=value ... [error=free text]" -> map (error, always last, takes the rest of the line).
-std::map<std::string, std::string> parse_fields(std::string line) {
+/// "ok key=value key=value ..." or "ready ..." -> map; the first word is stored under "" .
+std::map<std::string, std::string> parse_reply(const std::string& line) {
   std::map<std::string, std::string> fields;
-  const auto error_at = line.find("error=");
-  if (error_at != std::string::npos) {
-    fields["error"] = line.substr(error_at + std::string("error=").size());
-    line.resize(error_at);
-  }
   std::istringstream words(line);
   std::string word;
+  words >> fields[""];
   while (words >> word) {
     const auto eq = word.find('=');
     if (eq != std::string::npos) fields[word.substr(0, eq)] = word.substr(eq + 1);
@@ -45,14 +31,10 @@ std::map<std::string, std::string> parse_fields(std::string line) {
   return fields;
 }
 
-std::optional<double> number(const std::map<std::string, std::string>& fields, const std::string& key) {
-  auto it = fields.find(key);
-  if (it == fields.end()) return std::nullopt;
-  try {
-    return std::stod(it->second);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+int wait_for_exit(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace
@@ -62,81 +44,109 @@ std::string default_python(const std::string& source_dir) {
   return access(venv.c_str(), X_OK) == 0 ? venv : std::string("python3");
 }
 
-std::vector<RunResult> run_torch_amp_peer(const TorchPeerRequest& request, std::string* skip_reason) {
-  std::vector<std::string> args = {shell_quote(request.python),
-                                   shell_quote(request.script),
-                                   "--model",
-                                   request.model,
-                                   "--device",
-                                   shell_quote(request.device),
-                                   "--dtypes",
-                                   join(request.dtypes, ","),
-                                   "--steps",
-                                   std::to_string(request.steps),
-                                   "--warmup",
-                                   std::to_string(request.warmup),
-                                   "--rounds",
-                                   std::to_string(request.rounds),
-                                   "--batch-size",
-                                   std::to_string(request.batch_size),
-                                   "--seed",
-                                   std::to_string(request.seed),
-                                   "--lr",
-                                   fmt::format("{}", request.lr)};
+double number_field(const std::map<std::string, std::string>& fields, const std::string& key) {
+  const auto it = fields.find(key);
+  if (it != fields.end()) {
+    try {
+      return std::stod(it->second);
+    } catch (const std::exception&) {
+    }
+  }
+  throw std::runtime_error(fmt::format("the torch.amp peer's reply has no number '{}'", key));
+}
+
+std::unique_ptr<TorchAmpPeer> TorchAmpPeer::start(const TorchPeerRequest& request, std::string* skip_reason) {
+  std::vector<std::string> args = {request.python, request.script,
+                                   "--bundle",     request.bundle,
+                                   "--model",      request.model,
+                                   "--device",     request.device,
+                                   "--batch-size", std::to_string(request.batch_size),
+                                   "--lr",         fmt::format("{}", request.lr)};
   if (request.threads > 0) {
     args.push_back("--threads");
     args.push_back(std::to_string(request.threads));
   }
-  for (const auto& a : request.model_args) args.push_back(shell_quote(a));
-  const std::string command = join(args, " ") + " 2>" + shell_quote(request.log_path);
+  args.insert(args.end(), request.model_args.begin(), request.model_args.end());
 
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    *skip_reason = "cannot start " + request.python;
-    return {};
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) {
+    *skip_reason = "cannot create pipes for the peer";
+    return nullptr;
   }
-  std::string output;
-  std::array<char, 4096> buffer{};
-  size_t n = 0;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::signal(SIGPIPE, SIG_IGN);  // a peer that dies makes our next write fail, not kill us
+  const pid_t pid = fork();
+  if (pid < 0) {
+    *skip_reason = "cannot fork the peer";
+    return nullptr;
+  }
+  if (pid == 0) {
+    dup2(to_child[0], STDIN_FILENO);
+    dup2(from_child[1], STDOUT_FILENO);
+    const int log = open(request.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (log >= 0) dup2(log, STDERR_FILENO);
+    for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1], log}) {
+      if (fd > STDERR_FILENO) close(fd);
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    _exit(kExitExecFailed);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  std::unique_ptr<TorchAmpPeer> peer(new TorchAmpPeer());
+  peer->pid_ = pid;
+  peer->to_peer_ = fdopen(to_child[1], "w");
+  peer->from_peer_ = fdopen(from_child[0], "r");
+  peer->log_path_ = request.log_path;
+  const std::string line = peer->read_line();
+  const auto fields = parse_reply(line);
+  if (fields.at("") == "ready" && fields.count("batches") && fields.count("steps")) {
+    peer->batch_digest_ = fields.at("batches");
+    peer->num_steps_ = std::stoll(fields.at("steps"));
+    return peer;
+  }
+  fclose(peer->to_peer_);
+  peer->to_peer_ = nullptr;
+  const int code = wait_for_exit(pid);
+  peer->pid_ = -1;
   if (code == kExitNoTorch) {
     *skip_reason = request.python + " has no torch";
-    return {};
+  } else if (code == kExitExecFailed) {
+    *skip_reason = "cannot run " + request.python;
+  } else {
+    *skip_reason = fmt::format("{} {} did not start ({}; exit status {}, stderr in {})", request.python, request.script,
+                               line.empty() ? "no output" : line, code, request.log_path);
   }
-  if (code != 0) {
-    *skip_reason = fmt::format("{} {} exited with status {} (stderr in {})", request.python, request.script, code,
-                               request.log_path);
-    return {};
-  }
+  return nullptr;
+}
 
-  // One line per dtype: "dtype=bf16 samples_per_s=123.4 step_ms=8.1 final_loss=2.3 [peak_mib=...] [error=...]".
-  std::vector<RunResult> rows;
-  std::istringstream lines(output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    const auto fields = parse_fields(line);
-    if (!fields.count("dtype")) continue;
-    RunResult r;
-    r.model = request.model;
-    r.kind = "torch.amp";
-    r.dtype = fields.at("dtype");
-    r.config = "torch.amp " + r.dtype;
-    if (fields.count("error")) {
-      r.error = "torch.amp peer: " + fields.at("error");
-    } else if (auto sps = number(fields, "samples_per_s")) {
-      r.samples_per_s = *sps;
-      r.step_ms = number(fields, "step_ms").value_or(0.0);
-      // Its final_loss is left out: the peer trains on random inputs, so its loss is not comparable to ours.
-      r.peak_mib = number(fields, "peak_mib");
-    } else {
-      r.error = "torch.amp peer printed no samples_per_s: " + line;
-    }
-    rows.push_back(r);
+TorchAmpPeer::~TorchAmpPeer() {
+  if (to_peer_ != nullptr) {
+    std::fputs("quit\n", to_peer_);
+    fclose(to_peer_);
   }
-  if (rows.empty()) *skip_reason = "the peer printed no result line (stderr in " + request.log_path + ")";
-  return rows;
+  if (from_peer_ != nullptr) fclose(from_peer_);
+  if (pid_ > 0) wait_for_exit(pid_);
+}
+
+std::string TorchAmpPeer::read_line() {
+  std::string line;
+  int c = 0;
+  while ((c = std::fgetc(from_peer_)) != EOF && c != '\n') line += static_cast<char>(c);
+  return line;
+}
+
+std::map<std::string, std::string> TorchAmpPeer::call(const std::string& command) {
+  if (to_peer_ == nullptr || std::fprintf(to_peer_, "%s\n", command.c_str()) < 0 || std::fflush(to_peer_) != 0) {
+    throw std::runtime_error("the torch.amp peer is gone (stderr in " + log_path_ + ")");
+  }
+  const std::string line = read_line();
+  if (line.rfind("ok", 0) == 0) return parse_reply(line);
+  if (line.rfind("error ", 0) == 0) throw std::runtime_error(line.substr(6));
+  throw std::runtime_error(
+      fmt::format("the torch.amp peer answered '{}' to '{}' (stderr in {})", line, command, log_path_));
 }
 
 }  // namespace bench

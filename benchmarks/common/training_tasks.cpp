@@ -91,6 +91,14 @@ Batch CnnTask::batch(int64_t step) const {
   return {train_.images.index_select(0, idx), train_.labels.index_select(0, idx)};
 }
 
+NamedTensors CnnTask::peer_data() const {
+  return {{"train_images", train_.images.cpu()},
+          {"train_labels", train_.labels.cpu()},
+          {"test_images", test_.images.cpu()},
+          {"test_labels", test_.labels.cpu()},
+          {"order", order_.slice(0, 0, num_steps_ * settings_.batch_size).cpu()}};
+}
+
 torch::Tensor CnnTask::loss(const torch::Tensor& logits, const Batch& batch) const {
   return torch::cross_entropy_loss(logits, batch.target);
 }
@@ -142,6 +150,10 @@ Batch TransformerTask::batch(int64_t step) const {
   auto rows = train_tokens_.slice(0, step * settings_.batch_size, (step + 1) * settings_.batch_size);
   const int64_t seq = settings_.model.seq_len();
   return {rows.slice(1, 0, seq), rows.slice(1, 1, seq + 1)};
+}
+
+NamedTensors TransformerTask::peer_data() const {
+  return {{"train_tokens", train_tokens_.cpu()}, {"eval_tokens", eval_tokens_.cpu()}};
 }
 
 torch::Tensor TransformerTask::loss(const torch::Tensor& logits, const Batch& batch) const {

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "common/fashion_mnist.h"
+#include "common/peer_bundle.h"
 #include "common/small_cnn.h"
 #include "common/tiny_transformer.h"
 
@@ -57,6 +58,10 @@ class CnnTask {
   /// Test-set accuracy in [0, 1] of `forward` (called under NoGradGuard, model in eval mode).
   double accuracy(const ForwardFn& forward) const;
   const Settings& settings() const { return settings_; }
+  /// What a peer needs to build exactly our batches and score exactly our test set (CPU copies): train_images,
+  /// train_labels, test_images, test_labels, and order (the sample index of every step's batch, num_steps() *
+  /// batch_size of them): batch(step) is train_images/labels.index_select(0, order[step * batch : (step+1) * batch]).
+  NamedTensors peer_data() const;
 
  private:
   Settings settings_;
@@ -93,6 +98,9 @@ class TransformerTask {
   /// Next-token accuracy in [0, 1] on held-out sequences.
   double accuracy(const ForwardFn& forward) const;
   const Settings& settings() const { return settings_; }
+  /// What a peer needs (CPU copies): train_tokens [steps * batch, seq_len + 1], step s using rows
+  /// [s * batch, (s+1) * batch) (input: the first seq_len columns, target: the last seq_len), and eval_tokens.
+  NamedTensors peer_data() const;
 
  private:
   Settings settings_;
