@@ -135,7 +135,8 @@ TEST(CaptureDecisionTest, DiagnosticsAreTakenLazilyOutsideTheCapture) {
   Tiny net = make_tiny(3, torch::kCPU);
   amp::FusedAdamW adamw(net->parameters(), amp::FusedAdamOptions(1e-3));
   auto [model, optimizer] = amp::initialize(
-      net, adamw, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16).init_scale(1024.0));
+      net, adamw,
+      amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16).dynamic_loss_scale().init_scale(1024.0));
   auto train_step = [&, &model = model, &optimizer = optimizer](int64_t s, bool plant_inf) {
     optimizer.zero_grad();
     auto x = input_of(s, torch::kCPU);
