@@ -353,9 +353,9 @@ TEST(OptimizerGoldenTest, AmpO2FusedOptimizersFollowTorchOptimWithALateParameter
                      Values(expected.data_ptr<float>(), expected.data_ptr<float>() + expected.numel()), 1e-4, 1e-5,
                      what + " vs torch::optim");
         // Against fp32 Python: the bf16 forward's gradients carry bf16 rounding (2^-9 relative per value), which
-        // moves the masters by a few 1e-3 of lr-sized steps; a late parameter's wrong first step (garbage or NaN
-        // momentum, a 0.58 lr bias correction) is far outside.
-        expect_close(fused_masters[p], *g.runs.at(config)[step].at(kParamNames[p]), 0.0, 2e-3, what + " vs golden");
+        // moves the masters by up to 3.5e-3 here (SGD, lr 0.1): a sanity bound that catches garbage or NaN state;
+        // the check against torch::optim above is the one that sees a wrong bias correction.
+        expect_close(fused_masters[p], *g.runs.at(config)[step].at(kParamNames[p]), 0.0, 1e-2, what + " vs golden");
       }
     }
   }
