@@ -100,7 +100,7 @@ at::Tensor bytes_tensor(const std::string& bytes) {
   return t;
 }
 
-std::string serialized(const torch::serialize::OutputArchive& archive) {
+std::string serialized(torch::serialize::OutputArchive& archive) {
   std::ostringstream out;
   archive.save_to(out);
   return out.str();

@@ -15,6 +15,7 @@
 
 #include <amp/amp.h>
 #include <amp/fused_optimizers.h>
+#include <amp/grad_scaler.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -71,8 +71,10 @@ TEST_P(StepOutcomeTest, SaysWhetherTheLastStepWasSkippedAndReturnsTheClosureLoss
   if (kind == Kind::kSgd) inner = std::make_unique<torch::optim::SGD>(net->parameters(), 0.05);
   if (kind == Kind::kFusedSgd) inner = std::make_unique<amp::FusedSGD>(net->parameters(), amp::FusedSgdOptions(0.05));
   if (kind == Kind::kFusedAdamW) inner = std::make_unique<amp::FusedAdamW>(net->parameters());
-  auto [model, optimizer] =
+  auto initialized =
       amp::initialize(net, *inner, amp::Options().opt_level(level).half_dtype(torch::kBFloat16).dynamic_loss_scale());
+  auto& model = initialized.model;  // references, not structured bindings: the closure below captures them
+  auto& optimizer = initialized.optimizer;
   EXPECT_EQ(optimizer.last_step().step, -1);
   EXPECT_EQ(optimizer.last_step_skipped().item<float>(), 0.0f);
 
