@@ -1,11 +1,9 @@
 #include <amp/amp.h>
 
 #include <exception>
-#include <sstream>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/serialize/archive.h>
 
 #include <kernels/l2_norm.h>
 
@@ -50,53 +48,4 @@ at::Tensor clip_grad_norm_(Optimizer& optimizer, double max_norm) {
   return kernels::clip_grad_norm_(optimizer.gradients(), max_norm, optimizer.found_inf());
 }
 
-namespace detail {
-
-void save_checkpoint(const std::string& path, State& state) {
-  torch::serialize::OutputArchive model, optimizer, amp_state, all;
-  state.save_model(model);
-  state.optimizer().save(optimizer);
-  state.save(amp_state);
-  all.write("model", model);
-  all.write("optimizer", optimizer);
-  all.write("amp", amp_state);
-  all.save_to(path);
-}
-
-void load_checkpoint(const std::string& path, State& state) {
-  torch::serialize::InputArchive all, model, optimizer, amp_state;
-  try {
-    all.load_from(path, state.device());
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "cannot read checkpoint '", path, "': ", e.what());
-  }
-  for (const auto& [key, archive] : {std::pair<const char*, torch::serialize::InputArchive*>{"model", &model},
-                                     {"optimizer", &optimizer},
-                                     {"amp", &amp_state}}) {
-    TORCH_CHECK(all.try_read(key, *archive), "checkpoint '", path, "' has no '", key,
-                "' part: write it with amp::save_checkpoint");
-  }
-  // Check model and amp parts without changing anything; then the optimizer, restored on failure; then apply.
-  auto model_copies = state.prepare_model_load(model);
-  state.validate_amp_state(amp_state);
-  torch::serialize::OutputArchive before;
-  state.optimizer().save(before);
-  try {
-    state.optimizer().load(optimizer);
-  } catch (const std::exception& e) {
-    std::stringstream bytes;
-    before.save_to(bytes);
-    torch::serialize::InputArchive restore;
-    restore.load_from(bytes);
-    state.optimizer().load(restore);
-    TORCH_CHECK(false, "checkpoint '", path, "': the optimizer part does not fit this optimizer: ", e.what());
-  }
-  {
-    at::NoGradGuard no_grad;
-    for (auto& [dest, value] : model_copies) dest.copy_(value);
-  }
-  state.load(amp_state);
-}
-
-}  // namespace detail
 }  // namespace amp

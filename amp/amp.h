@@ -76,9 +76,13 @@ class Optimizer {
 
   /// Steps (or skips), refreshes half model parameters from their fp32 masters, and checks the lazily read
   /// diagnostics: rate-limited overflow log lines, and an error naming the parameter when the scale has sat at
-  /// its floor while overflowing for max_overflows_at_floor steps. Returns the inner step's result (undefined
-  /// when skipped or fused).
-  at::Tensor step() { return state_->step(); }
+  /// its floor while overflowing for max_overflows_at_floor steps.
+  ///
+  /// `closure` (optional, as torch.optim's): called once before the step, with gradients enabled; it may run the
+  /// forward pass and the scale_loss scope. Returns the closure's result (the loss), whether or not the step was
+  /// skipped, and an undefined tensor without a closure. The inner optimizer's own return value is not passed on
+  /// (the fused optimizers have none). Whether the step was skipped: last_step_skipped() / last_step().
+  at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) { return state_->step(closure); }
   /// Clears model and master gradients (set to undefined, as set_to_none=True).
   void zero_grad() { state_->zero_grad(); }
   /// Data parallel training: `ddp` (which must wrap the module amp::initialize prepared) hands each bucket to amp
@@ -96,8 +100,19 @@ class Optimizer {
   LossScaler& scaler(int64_t loss_id = 0) { return state_->scaler(loss_id); }
   /// Gradients the optimizer reads (the fp32 masters' under master weights): what clipping must act on.
   std::vector<at::Tensor> gradients() const { return state_->optimizer_grads(); }
-  /// The overflow flag of the current step (1-element fp32 on the device), e.g. for fused consumers.
+  /// The overflow flag of the step being prepared (1-element fp32 on the device, the sum of this step's losses'
+  /// flags and clip_grad_norm_'s): what the next step() decides on, e.g. for fused consumers. step() zeroes it
+  /// for the next step; what it decided stays in last_step_skipped().
   const at::Tensor& found_inf() const { return state_->step_found_inf(); }
+  /// 1-element fp32 on the device: 1 when the last step() skipped the update (a gradient or the clipped norm was
+  /// inf/NaN), 0 when it stepped (and before any step). Written by step() without a host sync; kept until the next.
+  const at::Tensor& last_step_skipped() const { return state_->step_outcome().skipped(); }
+  /// The same on the host, read lazily like LossScaler::diagnostics(): the newest step whose copy has completed
+  /// (on CUDA with a fused optimizer usually the previous step; at once with a plain torch::optim optimizer).
+  /// Never blocks. step is -1 before the first step().
+  StepReport last_step() { return state_->step_outcome().latest(); }
+  /// Waits for the last step()'s report (a host sync: not for the step path).
+  StepReport last_step_now() { return state_->step_outcome().latest_now(); }
   /// Where overflow report lines go (default: stderr). Called at most once per 100 steps per loss.
   void set_overflow_logger(std::function<void(const std::string&)> logger) {
     state_->set_overflow_logger(std::move(logger));
@@ -176,12 +191,18 @@ ScaledLoss scale_loss(const at::Tensor& loss, Optimizer& optimizer, int64_t loss
 /// overflowed so it is skipped. Returns the total norm (1-element fp32 device tensor).
 at::Tensor clip_grad_norm_(Optimizer& optimizer, double max_norm);
 
-/// Saves model (fp32 values), optimizer and amp state into one file (Apex's checkpoint recipe).
+/// Saves model (fp32 values), optimizer and amp state into one file (Apex's checkpoint recipe), with a checksum of
+/// each part and the optimizer's type name (see docs/checkpointing.md). The file is replaced atomically
+/// (amp::write_file_atomically): a writer stopped at any point leaves the previous file whole. Errors are
+/// c10::Error, one line naming the path, without a C++ backtrace.
 template <typename ModuleHolder>
 void save_checkpoint(const std::string& path, const Model<ModuleHolder>& model, Optimizer& optimizer);
-/// Restores what save_checkpoint wrote, after initialize() with the same options. Reads and checks all three
-/// parts before changing anything: a corrupted file or one from other options is an error that leaves model,
-/// optimizer and scalers as they were.
+/// Restores what save_checkpoint wrote, after initialize() with the same options and the same optimizer type.
+/// Verifies the checksums and reads and checks all three parts before changing anything: a missing, truncated or
+/// corrupted file (a single flipped bit included), one from another optimizer type, another model or other
+/// options is an error that leaves model, optimizer and scalers as they were. Errors are c10::Error, one line
+/// naming the path and the offending value, without a C++ backtrace. After a load, the scalers' diagnostics report
+/// the loaded state and the floor-overflow count is the saved one (see LossScaler::load).
 template <typename ModuleHolder>
 void load_checkpoint(const std::string& path, Model<ModuleHolder>& model, Optimizer& optimizer);
 

@@ -41,7 +41,7 @@ std::vector<at::Tensor> grads_of(const torch::optim::Optimizer& optimizer, const
 
 GradScaler::GradScaler(GradScalerOptions options, std::optional<c10::Device> device) : options_(std::move(options)) {
   const auto& o = options_;
-  TORCH_CHECK(std::isfinite(o.min_scale()) && o.min_scale() > 0, "min_scale must be finite and > 0, got ",
+  TORCH_CHECK(std::isfinite(o.min_scale()) && o.min_scale() >= 0, "min_scale must be finite and >= 0, got ",
               o.min_scale());
   TORCH_CHECK(o.max_scale() >= o.min_scale(), "max_scale ", o.max_scale(), " must be >= min_scale ", o.min_scale());
   TORCH_CHECK(o.init_scale() >= o.min_scale() && o.init_scale() <= o.max_scale(), "init_scale ", o.init_scale(),
@@ -128,6 +128,7 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   TORCH_CHECK(scaler_ != nullptr,
               "load(): the scaler has no state yet: construct it with the training device, or call scale() first");
   scaler_->load(archive);
+  for (auto& [opt, state] : optimizers_) state.stage = Stage::kReady;
 }
 
 }  // namespace amp

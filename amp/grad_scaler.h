@@ -1,5 +1,6 @@
 #pragma once
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -15,16 +16,18 @@ class Optimizer;
 
 namespace amp {
 
-/// Options of amp::GradScaler. Defaults are torch.amp.GradScaler's, plus a floor and a ceiling
-/// (LossScaleDefaults): set min_scale tiny and max_scale to +inf for torch.amp's unbounded behaviour.
+/// Options of amp::GradScaler. Defaults are torch.amp.GradScaler's: no floor (min_scale 0) and no ceiling
+/// (max_scale +inf), so the scale follows torch.amp's trajectory bit for bit (a scale that backs off below the
+/// smallest float becomes 0, as in torch.amp). min_scale / max_scale add a floor and a ceiling, e.g. amp::Options'
+/// LossScaleDefaults (1 and 2^24); hysteresis > 1 tolerates overflows before backing off (Megatron's rule).
 struct GradScalerOptions {
   TORCH_ARG(double, init_scale) = LossScaleDefaults::kInitScale;
   TORCH_ARG(double, growth_factor) = LossScaleDefaults::kGrowthFactor;
   TORCH_ARG(double, backoff_factor) = LossScaleDefaults::kBackoffFactor;
   TORCH_ARG(int64_t, growth_interval) = LossScaleDefaults::kGrowthInterval;
   TORCH_ARG(int64_t, hysteresis) = LossScaleDefaults::kHysteresis;
-  TORCH_ARG(double, min_scale) = LossScaleDefaults::kMinScale;
-  TORCH_ARG(double, max_scale) = LossScaleDefaults::kMaxScale;
+  TORCH_ARG(double, min_scale) = 0.0;
+  TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
   /// false: scale() returns the loss unchanged, step() just steps, update() does nothing.
   TORCH_ARG(bool, enabled) = true;
 };
@@ -62,6 +65,8 @@ class GradScaler {
   /// The underlying device state; nullptr before the first scale().
   LossScaler* loss_scaler() { return scaler_.get(); }
 
+  /// Saves / restores the scaler state (LossScaler::save / load). load() also ends the iteration in progress:
+  /// every optimizer may be unscaled and stepped again before the next update().
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 

@@ -1,5 +1,6 @@
 #include <amp/loss_scaler.h>
 
+#include <cmath>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -31,9 +32,21 @@ LossScalerConfig LossScalerConfig::from(const Options::Resolved& o) {
 namespace {
 
 // Snapshot layout (fp64 on host): what update() copies back asynchronously.
-enum SnapshotField : int64_t { kScale = 0, kFoundInf, kFirstIndex, kSkipped, kFloorOverflows, kNumFields };
+enum SnapshotField : int64_t {
+  kScale = 0,
+  kFoundInf,
+  kFirstIndex,
+  kSkipped,
+  kFloorOverflows,
+  kGrowthTracker,
+  kNumFields
+};
 constexpr int kSnapshotSlots = 2;
 
+/// The names of config_tensor's entries, for messages.
+constexpr const char* kConfigNames[] = {"dynamic",       "static_scale",   "init_scale",
+                                        "growth_factor", "backoff_factor", "growth_interval",
+                                        "hysteresis",    "min_scale",      "max_scale"};
 /// The config as a tensor, saved with the state so a checkpoint from other settings is refused.
 at::Tensor config_tensor(const LossScalerConfig& c) {
   return at::tensor(std::vector<double>{c.dynamic ? 1.0 : 0.0, c.static_scale, c.init_scale, c.growth_factor,
@@ -117,7 +130,7 @@ void LossScaler::take_snapshot() {
   auto& slot = *snapshots_[snapshot_slot_];
   snapshot_slot_ = (snapshot_slot_ + 1) % kSnapshotSlots;
   const at::Tensor staged = at::cat({scale_.to(at::kDouble), found_inf_.to(at::kDouble), first_index_.to(at::kDouble),
-                                     skipped_steps_, floor_overflows_});
+                                     skipped_steps_, floor_overflows_, growth_tracker_.to(at::kDouble)});
   slot.step = steps_;
   slot.sequence = ++snapshots_taken_;
   if (device_.is_cpu()) {
@@ -138,6 +151,7 @@ ScalerDiagnostics LossScaler::read_snapshot(const at::Tensor& host) const {
   d.first_nonfinite_index = v[kFirstIndex] >= kernels::kNoNonFiniteIndex ? -1 : static_cast<int64_t>(v[kFirstIndex]);
   d.skipped_steps = static_cast<int64_t>(v[kSkipped]);
   d.floor_overflows = static_cast<int64_t>(v[kFloorOverflows]);
+  d.growth_tracker = static_cast<int64_t>(v[kGrowthTracker]);
   return d;
 }
 
@@ -190,15 +204,25 @@ void LossScaler::load(torch::serialize::InputArchive& archive) {
     TORCH_CHECK(archive.try_read(key, *out), "loss scaler checkpoint is missing '", key, "'");
   }
   const at::Tensor expected = config_tensor(config_);
-  TORCH_CHECK(config.sizes() == expected.sizes() && at::equal(config.to(at::kDouble), expected),
-              "loss scaler checkpoint was saved with other settings (", config, ") than this scaler's (", expected,
-              "): restore with the same amp::Options");
+  TORCH_CHECK(config.dim() == 1 && config.numel() == expected.numel(), "loss scaler checkpoint has ", config.numel(),
+              " settings, expected ", expected.numel());
+  const at::Tensor saved_config = config.to(at::kDouble).contiguous();
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const double saved = saved_config.data_ptr<double>()[i], mine = expected.data_ptr<double>()[i];
+    TORCH_CHECK(saved == mine || (std::isnan(saved) && std::isnan(mine)), "loss scaler checkpoint was saved with ",
+                kConfigNames[i], "=", saved, " but this scaler has ", kConfigNames[i], "=", mine,
+                ": restore with the same settings");
+  }
   TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat && growth.numel() == 1 &&
                   growth.scalar_type() == at::kInt && hysteresis.numel() == 1 && hysteresis.scalar_type() == at::kInt &&
-                  skipped.numel() == 1 && steps.numel() == 1,
+                  skipped.numel() == 1 && floor.numel() == 1 && steps.numel() == 1,
               "loss scaler checkpoint has malformed state tensors");
   const float s = scale.item<float>();
-  TORCH_CHECK(std::isfinite(s) && s > 0, "loss scaler checkpoint holds an invalid scale ", s);
+  // 0 is reachable only without a floor (min_scale 0, torch.amp's unbounded scale underflowing).
+  TORCH_CHECK(std::isfinite(s) && (s > 0 || (s == 0 && config_.min_scale == 0)),
+              "loss scaler checkpoint holds an invalid scale ", s);
+  const at::Tensor host_growth = growth.cpu(), host_skipped = skipped.to(at::kDouble).cpu(),
+                   host_floor = floor.to(at::kDouble).cpu();
   scale_.copy_(scale);
   inv_scale_.copy_(scale_.to(at::kDouble).reciprocal());
   growth_tracker_.copy_(growth);
@@ -206,6 +230,17 @@ void LossScaler::load(torch::serialize::InputArchive& archive) {
   skipped_steps_.copy_(skipped);
   floor_overflows_.copy_(floor);
   steps_ = steps.item<int64_t>();
+  // Everything derived from the old state goes: the overflow flag of an unfinished step, and every snapshot
+  // (one taken after the saved step would otherwise hide the loaded state from diagnostics() until the step count
+  // passes it again, and its floor-overflow count would stop training on clean steps).
+  begin_step();
+  for (auto& slot : snapshots_) slot->step = -1;
+  last_read_ = ScalerDiagnostics{};
+  last_read_.step = steps_;
+  last_read_.scale = s;
+  last_read_.skipped_steps = static_cast<int64_t>(host_skipped.item<double>());
+  last_read_.floor_overflows = static_cast<int64_t>(host_floor.item<double>());
+  last_read_.growth_tracker = host_growth.item<int32_t>();
 }
 
 }  // namespace amp

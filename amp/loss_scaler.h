@@ -40,6 +40,7 @@ struct ScalerDiagnostics {
   int64_t first_nonfinite_index = -1;  // index of the first tensor with a non-finite gradient, -1 if none
   int64_t skipped_steps = 0;           // overflowing steps so far
   int64_t floor_overflows = 0;         // consecutive overflowing steps with the scale at its floor (static: any)
+  int64_t growth_tracker = 0;          // clean steps since the scale last moved (torch.amp's _growth_tracker)
 };
 
 /// One loss's scale and overflow state, all on one device, updated without host synchronization.
@@ -68,6 +69,8 @@ class LossScaler {
   const at::Tensor& inv_scale() const { return inv_scale_; }
   const at::Tensor& found_inf() const { return found_inf_; }
   const at::Tensor& first_nonfinite_index() const { return first_index_; }
+  /// int32 count of clean steps since the scale last grew or backed off (torch.amp's _growth_tracker).
+  const at::Tensor& growth_tracker() const { return growth_tracker_; }
   const c10::Device& device() const { return device_; }
   const LossScalerConfig& config() const { return config_; }
   /// Number of update() calls so far: the `step` a snapshot taken by the latest update() will carry.
@@ -83,7 +86,10 @@ class LossScaler {
   ScalerDiagnostics diagnostics_now();
 
   /// Saves / restores scale, trackers and counters (bit for bit). load() checks the config matches and leaves
-  /// this scaler unchanged when the archive is incomplete or from a different config.
+  /// this scaler unchanged when the archive is incomplete or from a different config. After a load everything
+  /// derived from the state is the loaded state's: diagnostics() at once reports the loaded step, scale, counters
+  /// and growth tracker with found_inf false (snapshots taken before the load are discarded), and found_inf /
+  /// first_nonfinite_index are cleared. Host syncs: reads the loaded values (not for the step path).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 

@@ -107,6 +107,7 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
   last_logged_step_.assign(policy_.num_losses, -kOverflowLogIntervalSteps);
   overflows_since_log_.assign(policy_.num_losses, 0);
   step_found_inf_ = at::zeros({1}, at::TensorOptions().device(device_));
+  outcome_ = std::make_unique<StepOutcome>(device_);
 }
 
 State::~State() {
@@ -351,11 +352,15 @@ std::vector<at::Tensor> State::optimizer_grads() const {
   return grads;
 }
 
-at::Tensor State::step() {
+at::Tensor State::step(const torch::optim::Optimizer::LossClosure& closure) {
+  at::Tensor result;
+  if (closure) {  // as torch.optim: evaluated once, with gradients enabled, before the step
+    at::AutoGradMode enable_grad(true);
+    result = closure();
+  }
   TORCH_CHECK(!grads_scaled_,
               "step() while gradients are still scaled: the last scale_loss used delay_unscale=true; "
               "finish the accumulation with delay_unscale=false before stepping");
-  at::Tensor result;
   // Note [capture-safe step] (kernels/capture.h): only the fused path launches nothing but device work.
   const bool capturing = kernels::is_capturing(device_);
   TORCH_CHECK(fused_ != nullptr || !capturing,
@@ -369,10 +374,12 @@ at::Tensor State::step() {
       for (const auto& slot : slots_) models.push_back(slot.model);
     }
     fused_->fused_step(models, step_found_inf_);
+    outcome_->record(steps_, step_found_inf_, capturing);
   } else {
     // A plain torch::optim optimizer cannot skip on device: this read is the one host sync per step.
     const bool overflow = unscaled_this_step_ && step_found_inf_.item<float>() != 0.0f;
-    if (!overflow) result = optimizer_->step();
+    if (!overflow) optimizer_->step();
+    outcome_->record(steps_, overflow);
     if (policy_.master_weights) {
       std::vector<at::Tensor> from, to;
       for (const auto& slot : slots_) {
@@ -443,8 +450,22 @@ void State::validate_amp_state(torch::serialize::InputArchive& archive) {
   at::Tensor text;
   TORCH_CHECK(archive.try_read("options_text", text), "amp checkpoint is missing its options");
   const std::string saved(reinterpret_cast<const char*>(text.data_ptr<uint8_t>()), text.numel());
-  TORCH_CHECK(saved == options_.to_string(), "amp checkpoint was saved with other options:\n  saved:   ", saved,
-              "\n  current: ", options_.to_string(), "\nrestore with the same amp::Options");
+  const std::string current = options_.to_string();
+  if (saved != current) {
+    // Name the first setting that differs ("key=value" words), then both lines whole.
+    std::istringstream saved_words(saved), current_words(current);
+    std::string a, b, differs;
+    while (saved_words >> a) {
+      if (!(current_words >> b)) b.clear();
+      if (a != b) {
+        differs = a + " in the checkpoint, " + (b.empty() ? std::string("nothing") : b) + " here";
+        break;
+      }
+    }
+    if (differs.empty()) differs = "the current options have more settings";
+    TORCH_CHECK(false, "amp checkpoint was saved with other options (", differs, "; saved: ", saved,
+                "; current: ", current, "): restore with the same amp::Options");
+  }
   // Load every scaler into a scratch copy: a bad archive throws here, before anything changed.
   for (size_t id = 0; id < scalers_.size(); ++id) {
     torch::serialize::InputArchive sub;
@@ -460,6 +481,12 @@ void State::load(torch::serialize::InputArchive& archive) {
     archive.try_read("loss_scaler" + std::to_string(id), sub);
     scalers_[id]->load(sub);
   }
+  // What this state derived from the old scaler state: the current step's overflow flag and the overflow log's
+  // step bookkeeping (step numbers restart from the loaded ones).
+  step_found_inf_.zero_();
+  unscaled_this_step_ = false;
+  last_logged_step_.assign(scalers_.size(), -kOverflowLogIntervalSteps);
+  overflows_since_log_.assign(scalers_.size(), 0);
 }
 
 void State::save_model(torch::serialize::OutputArchive& archive) const {

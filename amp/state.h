@@ -16,6 +16,7 @@
 #include <amp/forward_policy.h>
 #include <amp/loss_scaler.h>
 #include <amp/options.h>
+#include <amp/step_outcome.h>
 
 namespace ddp {
 class DistributedDataParallel;
@@ -66,11 +67,12 @@ class State : public std::enable_shared_from_this<State> {
   bool consume_bucket(const ddp::ReducedBucket& bucket);
 
   // The step protocol (see amp::Optimizer).
-  at::Tensor step();
+  at::Tensor step(const torch::optim::Optimizer::LossClosure& closure = nullptr);
   void zero_grad();
   /// Gradients the optimizer will read (master grads where masters exist), for clipping.
   std::vector<at::Tensor> optimizer_grads() const;
   const at::Tensor& step_found_inf() const { return step_found_inf_; }
+  StepOutcome& step_outcome() { return *outcome_; }
 
   /// Name of the parameter at slot `index` (what scalers record as the first non-finite index), or "<none>".
   std::string param_name(int64_t index) const;
@@ -103,8 +105,9 @@ class State : public std::enable_shared_from_this<State> {
   std::vector<ParamSlot> slots_;
   std::vector<at::Tensor> stash_;  // unscaled grads of direct (masterless) params, kept across losses
   at::Tensor step_found_inf_;
-  bool grads_scaled_ = false;    // a delay_unscale backward left scaled gradients behind
-  int64_t scaled_loss_id_ = -1;  // the loss whose scale those gradients carry
+  std::unique_ptr<StepOutcome> outcome_;  // whether the last step() skipped
+  bool grads_scaled_ = false;             // a delay_unscale backward left scaled gradients behind
+  int64_t scaled_loss_id_ = -1;           // the loss whose scale those gradients carry
   bool unscaled_this_step_ = false;
   int64_t active_loss_id_ = -1;        // the loss of the scale_loss scope being backpropagated, -1 outside one
   bool active_delay_unscale_ = false;  // that scope's delay_unscale

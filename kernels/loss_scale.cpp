@@ -31,8 +31,7 @@ void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker, co
               "] steps, got ", growth_interval);
   TORCH_CHECK(hysteresis >= 1 && hysteresis <= kMaxInt32, "hysteresis must be in [1, ", kMaxInt32, "], got ",
               hysteresis);
-  TORCH_CHECK(std::isfinite(min_scale) && static_cast<float>(min_scale) > 0.0f,
-              "min_scale must be finite and > 0 (as a float32), got ", min_scale);
+  TORCH_CHECK(std::isfinite(min_scale) && min_scale >= 0.0, "min_scale must be finite and >= 0, got ", min_scale);
   TORCH_CHECK(max_scale >= min_scale, "max_scale must be >= min_scale, got max_scale ", max_scale, " and min_scale ",
               min_scale);
   const LossScaleRule rule{static_cast<float>(growth_factor),     static_cast<float>(backoff_factor),

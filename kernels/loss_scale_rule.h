@@ -9,9 +9,9 @@
 // every further overflow until the scale grows again. On a clean step growth_tracker += 1; when it reaches
 // growth_interval the scale grows (scale * growth_factor, never above max_scale, and not at all if the
 // product is not finite), growth_tracker = 0 and the hysteresis tracker is refilled. With hysteresis = 1
-// this is torch.amp.GradScaler's update (plus the floor and the ceiling); with hysteresis = 2 it is
-// Megatron's and DeepSpeed's "tolerate one overflow". The scale can never become NaN, inf or 0: a corrupt
-// incoming scale is reset to min_scale.
+// this is torch.amp.GradScaler's update (exactly, with min_scale 0 and max_scale +inf: no floor, no ceiling);
+// with hysteresis = 2 it is Megatron's and DeepSpeed's "tolerate one overflow". The scale can never become NaN
+// or inf, nor 0 with a floor above 0: a corrupt incoming scale is reset to min_scale.
 
 #include <cstdint>
 

@@ -1,5 +1,6 @@
 #include <amp/grad_scaler.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -41,19 +42,12 @@ std::vector<GoldenRow> read_golden(const std::string& path) {
   return rows;
 }
 
-// The trajectory of torch.amp.GradScaler (tests/golden/generate_grad_scaler_golden.py, PyTorch 2.11) over a
-// scripted sequence of finite and non-finite gradients, replayed step for step: scale, growth tracker, and the
-// weight after each (possibly skipped) SGD step must be identical.
-TEST(GradScalerTest, TrajectoryEqualsPyTorchGradScalerStepForStep) {
-  const auto rows = read_golden(std::string(LTA_GOLDEN_DIR) + "/grad_scaler_trajectory.csv");
-  ASSERT_EQ(rows.size(), 300u);
+/// Replays a golden trajectory of torch.amp.GradScaler (tests/golden/generate_grad_scaler_golden.py, PyTorch 2.11)
+/// through `scaler`: the same scripted finite and non-finite gradients, step for step; the scale, the growth tracker,
+/// and the weight after each (possibly skipped) SGD step must be identical. Returns the number of skipped steps.
+int replay(const std::vector<GoldenRow>& rows, amp::GradScaler& scaler) {
   auto weight = torch::ones({1}).requires_grad_(true);
   torch::optim::SGD optimizer({weight}, torch::optim::SGDOptions(0.125));
-  amp::GradScaler scaler(amp::GradScalerOptions()
-                             .init_scale(1024.0)
-                             .growth_interval(5)
-                             .min_scale(std::numeric_limits<float>::min())
-                             .max_scale(std::numeric_limits<double>::infinity()));
   int skipped = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& row = rows[i];
@@ -63,12 +57,59 @@ TEST(GradScalerTest, TrajectoryEqualsPyTorchGradScalerStepForStep) {
     weight.mutable_grad() = torch::tensor({g}) * scale_before;
     skipped += scaler.step(optimizer) ? 0 : 1;
     scaler.update();
-    ASSERT_EQ(scaler.get_scale(), row.scale_after) << "step " << i;
-    ASSERT_EQ(scaler.loss_scaler()->diagnostics_now().scale, row.scale_after) << "step " << i;
-    ASSERT_EQ(weight.item<float>(), static_cast<float>(row.weight_after)) << "step " << i;
+    EXPECT_EQ(scaler.get_scale(), row.scale_after) << "step " << i;
+    const amp::ScalerDiagnostics d = scaler.loss_scaler()->diagnostics_now();
+    EXPECT_EQ(d.scale, row.scale_after) << "step " << i;
+    EXPECT_EQ(scaler.loss_scaler()->growth_tracker().item<int>(), row.growth_tracker_after) << "step " << i;
+    EXPECT_EQ(d.growth_tracker, row.growth_tracker_after) << "step " << i;
+    EXPECT_EQ(weight.item<float>(), static_cast<float>(row.weight_after)) << "step " << i;
+    if (::testing::Test::HasFailure()) break;  // one step's report is enough
   }
-  EXPECT_GT(skipped, 20) << "the script should exercise skipping";
   EXPECT_EQ(scaler.loss_scaler()->diagnostics_now().skipped_steps, skipped);
+  return skipped;
+}
+
+// Default options (no floor, no ceiling, as torch.amp) over 300 steps with random overflows.
+TEST(GradScalerTest, TrajectoryEqualsPyTorchGradScalerStepForStep) {
+  const auto rows = read_golden(std::string(LTA_GOLDEN_DIR) + "/grad_scaler_trajectory.csv");
+  ASSERT_EQ(rows.size(), 300u);
+  amp::GradScaler scaler(amp::GradScalerOptions().init_scale(1024.0).growth_interval(5));
+  EXPECT_GT(replay(rows, scaler), 20) << "the script should exercise skipping";
+}
+
+// With its default options the scale follows torch.amp below 1 (down to 2^-37) and above 2^24 (up to 2^127, where
+// the growth to inf is refused): a floor of 1 or a ceiling of 2^24 would leave the trajectory.
+TEST(GradScalerTest, DefaultsFollowPyTorchBelowOneAndAboveTwoToThe24) {
+  const auto rows = read_golden(std::string(LTA_GOLDEN_DIR) + "/grad_scaler_unbounded_trajectory.csv");
+  ASSERT_EQ(rows.size(), 275u);
+  double lowest = rows[0].scale_after, highest = rows[0].scale_after;
+  for (const auto& row : rows) {
+    lowest = std::min(lowest, row.scale_after);
+    highest = std::max(highest, row.scale_after);
+  }
+  ASSERT_LT(lowest, 1.0) << "the golden trajectory must go below the old floor";
+  ASSERT_GT(highest, 16777216.0) << "the golden trajectory must go above the old ceiling";
+  amp::GradScaler scaler(amp::GradScalerOptions().init_scale(8.0).growth_interval(1));
+  replay(rows, scaler);
+}
+
+// The floor and the ceiling stay available as options.
+TEST(GradScalerTest, FloorAndCeilingAreOptions) {
+  amp::GradScaler scaler(amp::GradScalerOptions().init_scale(2.0).growth_interval(1).min_scale(1.0).max_scale(8.0));
+  auto w = torch::ones({1}).requires_grad_(true);
+  torch::optim::SGD optimizer({w}, 0.1);
+  auto run = [&](bool overflow, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      scaler.scale(torch::zeros({}));
+      w.mutable_grad() = torch::full({1}, overflow ? std::numeric_limits<float>::infinity() : 1.0f);
+      scaler.step(optimizer);
+      scaler.update();
+    }
+  };
+  run(true, 5);
+  EXPECT_EQ(scaler.get_scale(), 1.0) << "held at the floor";
+  run(false, 10);
+  EXPECT_EQ(scaler.get_scale(), 8.0) << "held at the ceiling";
 }
 
 TEST(GradScalerTest, SkippedStepLeavesParamsAndOptimizerStateBitIdentical) {
@@ -157,7 +198,9 @@ TEST(GradScalerTest, BadOptionsAreNamed) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("backoff_factor must be in (0, 1), got 2"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(amp::GradScaler(amp::GradScalerOptions().init_scale(0.5)), c10::Error);  // below the default floor
+  EXPECT_THROW(amp::GradScaler(amp::GradScalerOptions().min_scale(1.0).init_scale(0.5)), c10::Error);
+  EXPECT_THROW(amp::GradScaler(amp::GradScalerOptions().min_scale(-1.0)), c10::Error);
+  EXPECT_NO_THROW(amp::GradScaler(amp::GradScalerOptions().init_scale(0.5))) << "no floor by default";
 }
 
 }  // namespace

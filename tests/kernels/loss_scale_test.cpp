@@ -113,7 +113,7 @@ TEST(UpdateScaleTest, BadOptionsAreNamed) {
   expect_error(call(2.0, 1.5, 10, 1, 1, 2), "backoff_factor must be in (0, 1), got 1.5");
   expect_error(call(2.0, 0.5, 0, 1, 1, 2), "growth_interval must be in [1, 2147483647] steps, got 0");
   expect_error(call(2.0, 0.5, 10, 0, 1, 2), "hysteresis must be in [1, 2147483647], got 0");
-  expect_error(call(2.0, 0.5, 10, 1, 0, 2), "min_scale must be finite and > 0 (as a float32), got 0");
+  expect_error(call(2.0, 0.5, 10, 1, -1, 2), "min_scale must be finite and >= 0, got -1");
   expect_error(call(2.0, 0.5, 10, 1, 4, 2), "max_scale must be >= min_scale, got max_scale 2 and min_scale 4");
   expect_error(
       [&] {

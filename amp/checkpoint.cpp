@@ -1,0 +1,241 @@
+// amp::save_checkpoint / amp::load_checkpoint: the file format and every check made before anything changes.
+//
+// Note [checkpoint envelope]
+// A checkpoint is one torch archive (a zip) holding, beside a format version, four entries, each stored as its
+// serialized bytes (a uint8 tensor) with a 64-bit FNV-1a hash of those bytes beside it:
+//   optimizer_type  the C++ type of the inner optimizer ("torch::optim::AdamW", "amp::FusedSGD")
+//   model           State::save_model's archive (fp32 values, masters where they exist)
+//   optimizer       the inner optimizer's own save()
+//   amp             State::save's archive (options, every loss scaler)
+// LibTorch's zip reader does not check the zip's CRCs and the tensors are stored uncompressed, so a flipped bit
+// inside a tensor would load silently: the hashes catch it (FNV-1a changes with any change confined to one byte,
+// so a single flipped bit is always caught). Everything is verified and parsed before the first write to model,
+// optimizer or scalers. Files of format 1 (the three parts as nested archives, no hashes, no type) still load.
+
+#include <amp/amp.h>
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <iomanip>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <typeinfo>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Type.h>
+#include <torch/serialize/archive.h>
+
+#include <amp/atomic_file.h>
+
+namespace amp::detail {
+namespace {
+
+constexpr int64_t kFormatVersion = 2;
+constexpr const char* kFormatKey = "format_version";
+constexpr const char* kTypePart = "optimizer_type";
+constexpr const char* kParts[] = {"model", "optimizer", "amp"};
+
+/// One line: newlines (LibTorch's multi-line messages) become "; ".
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      while (!out.empty() && out.back() == ' ') out.pop_back();
+      if (!out.empty()) out += "; ";
+      while (i + 1 < text.size() && (text[i + 1] == ' ' || text[i + 1] == '\n')) ++i;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+/// The message of an exception without a C++ backtrace (c10::Error::what() carries one).
+std::string message_of(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return one_line(error->msg());
+  return one_line(e.what());
+}
+
+/// Throws a c10::Error carrying no backtrace: "checkpoint 'PATH': WHAT".
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw c10::Error("checkpoint '" + path + "': " + one_line(what));
+}
+
+/// Runs `f`, re-reporting any exception as one line that names the file (and `context`, when given).
+template <typename F>
+auto checked(const std::string& path, const std::string& context, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    fail(path, context + message_of(e));
+  }
+}
+
+uint64_t fnv1a64(const uint8_t* data, size_t size) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < size; ++i) {
+    hash ^= data[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+std::string hex(uint64_t value) {
+  std::ostringstream out;
+  out << "0x" << std::hex << std::setw(16) << std::setfill('0') << value;
+  return out.str();
+}
+
+std::string type_name(const torch::optim::Optimizer& optimizer) { return c10::demangle(typeid(optimizer).name()); }
+
+at::Tensor bytes_tensor(const std::string& bytes) {
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  if (!bytes.empty()) std::memcpy(t.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::string serialized(torch::serialize::OutputArchive& archive) {
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void write_entry(torch::serialize::OutputArchive& all, const std::string& key, const std::string& bytes) {
+  all.write(key + ".bytes", bytes_tensor(bytes));
+  const uint64_t hash = fnv1a64(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  int64_t stored = 0;
+  std::memcpy(&stored, &hash, sizeof(stored));
+  all.write(key + ".fnv1a64", at::tensor({stored}, at::kLong));
+}
+
+/// The bytes of entry `key` (contiguous uint8 on the CPU), verified against their stored hash.
+at::Tensor read_entry(torch::serialize::InputArchive& all, const std::string& path, const std::string& key) {
+  at::Tensor bytes, stored;
+  if (!all.try_read(key + ".bytes", bytes) || !all.try_read(key + ".fnv1a64", stored)) {
+    fail(path, "has no '" + key + "' part: the file was not written by amp::save_checkpoint or is damaged");
+  }
+  if (bytes.scalar_type() != at::kByte || bytes.dim() != 1 || stored.scalar_type() != at::kLong ||
+      stored.numel() != 1) {
+    fail(path, "its '" + key + "' part is malformed (" + std::string(c10::toString(bytes.scalar_type())) +
+                   " bytes of shape " + c10::str(bytes.sizes()) + "): the file is damaged");
+  }
+  bytes = bytes.contiguous();
+  const uint64_t computed = fnv1a64(bytes.data_ptr<uint8_t>(), static_cast<size_t>(bytes.numel()));
+  const int64_t stored_value = stored.item<int64_t>();
+  uint64_t expected = 0;
+  std::memcpy(&expected, &stored_value, sizeof(expected));
+  if (computed != expected) {
+    fail(path, "its '" + key + "' part fails its checksum (FNV-1a " + hex(computed) + ", stored " + hex(expected) +
+                   "): the file is corrupted");
+  }
+  return bytes;
+}
+
+std::string as_string(const at::Tensor& bytes) {
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel()));
+}
+
+/// The three parts, parsed (format 2: verified first; format 1: nested archives).
+struct Parts {
+  torch::serialize::InputArchive model, optimizer, amp;
+  std::string optimizer_type;  // empty for format 1
+};
+
+void read_parts(const std::string& path, const c10::Device& device, Parts& parts) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) fail(path, std::string("cannot open it: ") + std::strerror(errno));
+  if (S_ISDIR(info.st_mode)) fail(path, "it is a folder, not a checkpoint file");
+  torch::serialize::InputArchive all;
+  checked(path, "cannot read it as a checkpoint (" + std::to_string(info.st_size) + " bytes): ", [&] {
+    all.load_from(path, c10::Device(c10::kCPU));
+  });
+  at::Tensor version;
+  if (!all.try_read(kFormatKey, version)) {
+    // Format 1: the parts as nested archives, without hashes.
+    torch::serialize::InputArchive* targets[] = {&parts.model, &parts.optimizer, &parts.amp};
+    for (size_t i = 0; i < std::size(kParts); ++i) {
+      const bool found = checked(path, "", [&] { return all.try_read(kParts[i], *targets[i]); });
+      if (!found) {
+        fail(path, std::string("is not an amp checkpoint: it has neither a '") + kFormatKey + "' nor a '" + kParts[i] +
+                       "' entry (write it with amp::save_checkpoint)");
+      }
+    }
+    return;
+  }
+  if (version.numel() != 1 || version.scalar_type() != at::kLong || version.item<int64_t>() != kFormatVersion) {
+    fail(path, "has format version " +
+                   (version.numel() == 1 ? std::to_string(version.item<int64_t>()) : "<malformed>") +
+                   "; this build reads versions 1 and " + std::to_string(kFormatVersion));
+  }
+  // Verify every hash before parsing anything.
+  parts.optimizer_type = as_string(read_entry(all, path, kTypePart));
+  at::Tensor bytes[std::size(kParts)];
+  for (size_t i = 0; i < std::size(kParts); ++i) bytes[i] = read_entry(all, path, kParts[i]);
+  torch::serialize::InputArchive* targets[] = {&parts.model, &parts.optimizer, &parts.amp};
+  for (size_t i = 0; i < std::size(kParts); ++i) {
+    checked(path, std::string("its '") + kParts[i] + "' part cannot be read: ", [&] {
+      targets[i]->load_from(reinterpret_cast<const char*>(bytes[i].data_ptr<uint8_t>()),
+                            static_cast<size_t>(bytes[i].numel()), device);
+    });
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, State& state) {
+  torch::serialize::OutputArchive model, optimizer, amp_state, all;
+  checked(path, "cannot save it: ", [&] {
+    state.save_model(model);
+    state.optimizer().save(optimizer);
+    state.save(amp_state);
+    all.write(kFormatKey, at::tensor({kFormatVersion}, at::kLong));
+    write_entry(all, kTypePart, type_name(state.optimizer()));
+    write_entry(all, "model", serialized(model));
+    write_entry(all, "optimizer", serialized(optimizer));
+    write_entry(all, "amp", serialized(amp_state));
+  });
+  try {
+    save_archive_atomically(all, path);
+  } catch (const std::exception& e) {
+    throw c10::Error(message_of(e));  // write_file_atomically's message names the path already
+  }
+}
+
+void load_checkpoint(const std::string& path, State& state) {
+  Parts parts;
+  read_parts(path, state.device(), parts);
+  const std::string loading = type_name(state.optimizer());
+  if (!parts.optimizer_type.empty() && parts.optimizer_type != loading) {
+    fail(path, "holds the state of an optimizer of type " + parts.optimizer_type +
+                   " but is being loaded into one of type " + loading + ": build the optimizer it was saved with");
+  }
+  // Check model and amp parts without changing anything; then the optimizer, restored on failure; then apply.
+  auto model_copies = checked(path, "", [&] { return state.prepare_model_load(parts.model); });
+  checked(path, "", [&] { state.validate_amp_state(parts.amp); });
+  torch::serialize::OutputArchive before;
+  state.optimizer().save(before);
+  try {
+    state.optimizer().load(parts.optimizer);
+  } catch (const std::exception& e) {
+    const std::string why = message_of(e);
+    std::stringstream bytes;
+    before.save_to(bytes);
+    torch::serialize::InputArchive restore;
+    restore.load_from(bytes);
+    state.optimizer().load(restore);
+    fail(path, "its optimizer part does not fit this " + loading + ": " + why);
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [dest, value] : model_copies) dest.copy_(value);
+  }
+  state.load(parts.amp);
+}
+
+}  // namespace amp::detail
