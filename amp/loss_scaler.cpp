@@ -234,7 +234,7 @@ void LossScaler::load(torch::serialize::InputArchive& archive) {
   // (one taken after the saved step would otherwise hide the loaded state from diagnostics() until the step count
   // passes it again, and its floor-overflow count would stop training on clean steps).
   begin_step();
-  for (auto& slot : snapshots_) slot->step = -1;
+  last_read_sequence_ = snapshots_taken_;  // every snapshot taken so far counts as read: none is newer than the load
   last_read_ = ScalerDiagnostics{};
   last_read_.step = steps_;
   last_read_.scale = s;

@@ -47,9 +47,9 @@ CnnTask::CnnTask(const Settings& settings, const torch::Device& device) : settin
   }
   if (!real_data_) {
     train = examples::synthetic_fashion_mnist(settings.train_samples > 0 ? settings.train_samples : kFashionTrainSize,
-                                              settings.seed);
+                                              settings.seed, /*train=*/true);
     test = examples::synthetic_fashion_mnist(settings.test_samples > 0 ? settings.test_samples : kFashionTestSize,
-                                             settings.seed + 1);
+                                             settings.seed, /*train=*/false);
   }
   train_ = to_device(first(train, settings.train_samples), device);
   test_ = to_device(first(test, settings.test_samples), device);

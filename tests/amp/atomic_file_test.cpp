@@ -1,14 +1,7 @@
 #include <amp/atomic_file.h>
 
-#include <dirent.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <csignal>
-#include <fstream>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,25 +9,9 @@
 #include <gtest/gtest.h>
 
 #include "ddp/ddp_test_util.h"
+#include "test_util.h"
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::vector<std::string> folder_entries(const std::string& folder) {
-  std::vector<std::string> names;
-  if (DIR* dir = ::opendir(folder.c_str())) {
-    while (dirent* entry = ::readdir(dir)) {
-      const std::string name = entry->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(dir);
-  }
-  return names;
-}
 
 std::string pattern_bytes(size_t size, char seed) {
   std::string bytes(size, '\0');
@@ -42,27 +19,9 @@ std::string pattern_bytes(size_t size, char seed) {
   return bytes;
 }
 
-/// Runs `write` in a child process whose file-size limit is `limit_bytes`, so the write stops there (SIGXFSZ, as a
-/// full disk or `ulimit -f` would stop it); returns the child's wait status.
-template <typename Write>
-int run_with_file_size_limit(rlim_t limit_bytes, Write write) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    rlimit no_core{0, 0};
-    ::setrlimit(RLIMIT_CORE, &no_core);
-    rlimit limit{limit_bytes, limit_bytes};
-    ::setrlimit(RLIMIT_FSIZE, &limit);
-    try {
-      write();
-    } catch (...) {
-      ::_exit(3);
-    }
-    ::_exit(0);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return status;
-}
+using test_util::folder_entries;
+using test_util::read_file;
+using test_util::run_with_file_size_limit;
 
 TEST(AtomicFileTest, WritesAndReplacesWholeFilesKeepingPermissions) {
   ddp_test::ScratchDir dir;
@@ -90,7 +49,7 @@ TEST(AtomicFileTest, AWriterStoppedMidWriteLeavesTheOldFileWhole) {
     SCOPED_TRACE("file-size limit " + std::to_string(limit));
     amp::write_file_atomically(path, old_bytes);
     const int status = run_with_file_size_limit(limit, [&] { amp::write_file_atomically(path, new_bytes); });
-    EXPECT_TRUE((WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ) || (WIFEXITED(status) && WEXITSTATUS(status) == 3))
+    EXPECT_TRUE(test_util::stopped_by_file_size_limit(status))
         << "the writer was not stopped (status " << status << ")";
     EXPECT_EQ(read_file(path), old_bytes) << "the old file was damaged";
 

@@ -1,8 +1,5 @@
 // amp::save_checkpoint / amp::load_checkpoint and LossScaler::load: the scaler state after a load, atomic writes,
 // checksums, and the error paths (one line, no backtrace, the file named, nothing changed).
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <functional>
@@ -60,10 +57,7 @@ void train_step(amp::Model<Net>& model, amp::Optimizer& optimizer, const torch::
   optimizer.step();
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using test_util::read_file;
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
@@ -230,22 +224,9 @@ TEST(CheckpointTest, AWriterStoppedMidSaveLeavesThePreviousCheckpointLoadable) {
   train_step(model, optimizer, batch(2));
   for (const rlim_t limit : {rlim_t{1}, rlim_t{old_bytes.size() / 2}, rlim_t{old_bytes.size() - 64}}) {
     SCOPED_TRACE("file-size limit " + std::to_string(limit));
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      rlimit no_core{0, 0};
-      ::setrlimit(RLIMIT_CORE, &no_core);
-      rlimit file_size{limit, limit};
-      ::setrlimit(RLIMIT_FSIZE, &file_size);
-      try {
-        amp::save_checkpoint(path, model, optimizer);
-      } catch (...) {
-        ::_exit(3);
-      }
-      ::_exit(0);
-    }
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE((WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ) || (WIFEXITED(status) && WEXITSTATUS(status) == 3))
+    const int status =
+        test_util::run_with_file_size_limit(limit, [&] { amp::save_checkpoint(path, model, optimizer); });
+    EXPECT_TRUE(test_util::stopped_by_file_size_limit(status))
         << "the writer was not stopped (status " << status << ")";
     EXPECT_EQ(read_file(path), old_bytes) << "the previous checkpoint was damaged";
   }

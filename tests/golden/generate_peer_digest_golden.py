@@ -36,7 +36,7 @@ def cases():
 def main() -> None:
     path = os.path.join(HERE, "peer_digest.csv")
     with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
+        writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["case", "digest"])
         for name, tensors in cases():
             writer.writerow([name, byte_digest(tensors)])

@@ -22,6 +22,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 namespace example_test {
 
 /// What a finished child left: its wait status and everything it wrote to stdout and stderr.
@@ -100,27 +102,13 @@ inline ProcessResult run_process(const std::vector<std::string>& argv, const std
   return result;
 }
 
-inline std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using test_util::read_file;
 
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
-inline std::vector<std::string> folder_entries(const std::string& folder) {
-  std::vector<std::string> names;
-  if (DIR* dir = ::opendir(folder.c_str())) {
-    while (dirent* entry = ::readdir(dir)) {
-      const std::string name = entry->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(dir);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
+using test_util::folder_entries;
 
 /// A fresh folder under TMPDIR (or /tmp), removed with its files and subfolders (two levels) with the object.
 /// POSIX calls rather than std::filesystem: libtorch.so exports its own std::filesystem symbols.
