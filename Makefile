@@ -28,8 +28,9 @@ configure: deps $(BUILD_DIR)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# --timeout: a test without its own TIMEOUT that hangs fails alone instead of stalling the run.
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 1200 -j $(JOBS)
 
 # AddressSanitizer over the tests that read and write files (Fashion-MNIST loading, gzip, checkpoints): $(ASAN_DIR)
 # builds only test_examples and test_amp_files, with the frontend code and the amp library instrumented (the lower

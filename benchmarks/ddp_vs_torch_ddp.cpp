@@ -20,9 +20,11 @@
 #include <iterator>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <amp/atomic_file.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
@@ -279,7 +281,7 @@ int main(int argc, char** argv) {
     fmt::print("last-epoch mean loss: ours {:.4f}, torch DDP {:.4f} ({:.2f}% apart); accuracy {:.2f}% vs {:.2f}%\n",
                ours.back().mean_loss, peer.back().mean_loss, 100.0 * loss_apart, ours.back().accuracy_percent,
                peer.back().accuracy_percent);
-    std::ofstream csv(flags.out_dir + "/ddp_vs_torch_ddp.csv");
+    std::ostringstream csv;
     csv << "side,run,samples_per_s,mean_loss,accuracy_percent\n";
     for (size_t i = 0; i < ours.size(); ++i) {
       csv << "ours," << i + 1 << ',' << ours[i].samples_per_s << ',' << ours[i].mean_loss << ','
@@ -287,6 +289,7 @@ int main(int argc, char** argv) {
       csv << "torch_ddp," << i + 1 << ',' << peer[i].samples_per_s << ',' << peer[i].mean_loss << ','
           << peer[i].accuracy_percent << '\n';
     }
+    amp::write_file_atomically(flags.out_dir + "/ddp_vs_torch_ddp.csv", csv.str());
     fmt::print("per run: {}/ddp_vs_torch_ddp.csv\n", flags.out_dir);
     if (loss_apart > kLossTolerance) {
       std::fprintf(stderr,

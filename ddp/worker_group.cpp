@@ -29,6 +29,11 @@ constexpr size_t kMaxMessageBytes = 16 * 1024;
 /// How close to a worker's reaping its stderr must have closed to count as the moment it exited.
 constexpr std::chrono::milliseconds kExitCloseWindow{500};
 
+/// After the first failure, how long the other workers may take to end on their own before they are stopped: a
+/// peer that failed at about the same moment may still be tearing LibTorch down (seen: longer than its peers took
+/// to fail after it), and stopping it then would report it as a consequence instead of the root cause.
+constexpr std::chrono::milliseconds kSettleWindow{2000};
+
 /// A worker's line longer than this is passed on in pieces (a line is a message, not a data dump).
 constexpr size_t kMaxLineBytes = 64 * 1024;
 
@@ -250,26 +255,34 @@ void WorkerGroup::signal_all(int signal) {
   }
 }
 
+bool WorkerGroup::reap_ended(bool block, int forward_fd, std::vector<WorkerExit>& failures) {
+  bool any_running = false;
+  for (Worker& w : workers_) {
+    if (!w.running) continue;
+    const std::optional<int> status = reap(w, block);
+    if (status && *status != 0) failures.push_back(exit_of(w, *status, forward_fd));
+    if (status && *status == 0) drain_output(w, forward_fd, /*final=*/true);
+    any_running = any_running || w.running;
+  }
+  return any_running;
+}
+
+void WorkerGroup::settle(int forward_fd, std::vector<WorkerExit>& failures) {
+  const auto deadline = std::chrono::steady_clock::now() + kSettleWindow;
+  while (reap_ended(/*block=*/false, forward_fd, failures) && std::chrono::steady_clock::now() < deadline) {
+    pump_output(kPollInterval, forward_fd);
+  }
+}
+
 void WorkerGroup::terminate_rest(std::chrono::milliseconds kill_grace, int forward_fd,
                                  std::vector<WorkerExit>& failures) {
   for (Worker& w : workers_) w.signalled = w.running;
   signal_all(SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + kill_grace;
-  auto reap_all = [&](bool block) {
-    bool any_running = false;
-    for (Worker& w : workers_) {
-      if (!w.running) continue;
-      const std::optional<int> status = reap(w, block);
-      if (status && *status != 0) failures.push_back(exit_of(w, *status, forward_fd));
-      if (status && *status == 0) drain_output(w, forward_fd, /*final=*/true);
-      any_running = any_running || w.running;
-    }
-    return any_running;
-  };
-  while (reap_all(/*block=*/false)) {
+  while (reap_ended(/*block=*/false, forward_fd, failures)) {
     if (std::chrono::steady_clock::now() >= deadline) {
       signal_all(SIGKILL);
-      reap_all(/*block=*/true);
+      reap_ended(/*block=*/true, forward_fd, failures);
       break;
     }
     pump_output(kPollInterval, forward_fd);
@@ -286,17 +299,11 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
       for (Worker& w : workers_) w.forwarded = w.forwarded || w.running;
       signal_all(signal);
     }
-    bool any_running = false;
     // Every worker found ended in this pass is recorded before the rest are stopped, so that a worker that failed
     // on its own is not reported as stopped; they are ordered by when they ended at the end.
-    for (Worker& w : workers_) {
-      if (!w.running) continue;
-      const std::optional<int> status = reap(w, /*block=*/false);
-      if (status && *status != 0) failures.push_back(exit_of(w, *status, forward_fd));
-      if (status && *status == 0) drain_output(w, forward_fd, /*final=*/true);
-      any_running = any_running || w.running;
-    }
+    const bool any_running = reap_ended(/*block=*/false, forward_fd, failures);
     if (!failures.empty()) {
+      settle(forward_fd, failures);
       terminate_rest(kill_grace, forward_fd, failures);
       break;
     }

@@ -57,8 +57,9 @@ class WorkerGroup {
   /// the last non-empty line for the failure summary.
   void add(int rank, int local_rank, pid_t pid, int message_fd = -1, int output_fd = -1);
 
-  /// Waits until every worker has exited. When one fails (nonzero exit or a signal), sends SIGTERM to the
-  /// others, SIGKILL after `kill_grace`, reaps them, and returns every failure in the order they failed (see
+  /// Waits until every worker has exited. When one fails (nonzero exit or a signal), gives the others up to 2 s
+  /// to end on their own (a peer that failed first may still be tearing down), then sends SIGTERM to those still
+  /// running, SIGKILL after `kill_grace`, reaps them, and returns every failure in the order they failed (see
   /// WorkerExit::observed; those the group stopped last; the first is the root cause); returns an empty vector when all
   /// exited with 0. `pending_signal`, when given, is polled: a nonzero value is a signal to forward to every worker
   /// (the launcher's SIGINT/SIGTERM), after which it is reset to 0. Captured stderr goes to `forward_fd`.
@@ -91,6 +92,11 @@ class WorkerGroup {
   /// Copies one worker's pending stderr; closes the pipe at its end (or when `final`, at what is there now).
   void drain_output(Worker& w, int forward_fd, bool final);
   WorkerExit exit_of(Worker& w, int status, int forward_fd);
+  /// Reaps every worker that has ended (or blocks for each when `block`), recording the failures; returns whether
+  /// any is still running.
+  bool reap_ended(bool block, int forward_fd, std::vector<WorkerExit>& failures);
+  /// After the first failure: reaps the others as they end on their own, for up to the settle window.
+  void settle(int forward_fd, std::vector<WorkerExit>& failures);
   void terminate_rest(std::chrono::milliseconds kill_grace, int forward_fd, std::vector<WorkerExit>& failures);
 
   std::vector<Worker> workers_;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <amp/atomic_file.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -130,7 +131,9 @@ std::string format_table(const std::vector<RunResult>& runs) {
 
 void write_json_and_csv(const std::string& dir, const RunContext& context, const std::vector<RunResult>& runs) {
   std::filesystem::create_directories(dir);
-  std::ofstream json = open_for_writing(dir + "/amp_vs_fp32.json");
+  // Built in memory, each file written whole (temporary file, fsync, rename): a killed run leaves the previous
+  // results, never half of new ones.
+  std::ostringstream json;
   json << "{\n  \"benchmark\": \"amp_vs_fp32\",\n"
        << "  \"date\": " << json_string(context.date) << ",\n  \"machine\": " << json_string(context.machine)
        << ",\n  \"device\": " << json_string(context.device) << ",\n  \"mode\": " << json_string(context.mode)
@@ -161,7 +164,7 @@ void write_json_and_csv(const std::string& dir, const RunContext& context, const
   }
   json << "  ]\n}\n";
 
-  std::ofstream csv = open_for_writing(dir + "/amp_vs_fp32.csv");
+  std::ostringstream csv;
   csv << "model,config,kind,dtype,status,samples_per_s,x_fp32,x_tf32,step_ms,peak_mib,peak_x_fp32,final_loss,"
          "accuracy,accuracy_delta_points,skipped_steps,final_scale,x_loop,x_torch_amp,error\n";
   for (const auto& run : runs) {
@@ -177,7 +180,8 @@ void write_json_and_csv(const std::string& dir, const RunContext& context, const
         << csv_number(r.vs_loop, "{:.3f}") << ',' << csv_number(r.vs_torch_amp, "{:.3f}") << ',' << csv_field(run.error)
         << '\n';
   }
-  TORCH_CHECK(json.good() && csv.good(), "writing the results into ", dir, " failed");
+  amp::write_file_atomically(dir + "/amp_vs_fp32.json", json.str());
+  amp::write_file_atomically(dir + "/amp_vs_fp32.csv", csv.str());
 }
 
 std::string write_plot(const std::string& dir, const RunContext& context, const std::vector<RunResult>& runs) {
@@ -239,12 +243,13 @@ std::string write_plot(const std::string& dir, const RunContext& context, const 
     {
       std::ofstream out = open_for_writing(script);
       out << "set terminal " << fmt::format(fmt::runtime(terminal), height) << "\n";
-      out << "set output '" << png << "'\n";
+      out << "set output '" << png << ".tmp'\n";
       out << "set multiplot layout " << models.size() << ",2 title 'AMP vs FP32 on " << context.device << " ("
           << context.mode << " mode), " << context.date << "'\n";
       out << plots.str() << "unset multiplot\n";
     }
     if (std::system(("gnuplot '" + script + "' 2>'" + dir + "/amp_vs_fp32.gnuplot.log'").c_str()) == 0) {
+      std::filesystem::rename(png + ".tmp", png);  // the finished picture replaces the old one at once
       return "plot: " + png;
     }
   }

@@ -4,10 +4,11 @@
 //                                                  bit-identical parameters equal to full-batch single-process
 //                                                  training, saves them to DIR/rank<R>.pt; writes the steps done
 //                                                  to DIR/progress<R> as it goes, sleeping MS after each step
-//   ddp_test_worker fail --fail-rank R --code C [--message M] [--others barrier]
+//   ddp_test_worker fail --fail-rank R --code C [--message M] [--others barrier] [--exit-delay-ms MS]
 //                                                  rank R prints M to stderr and exits with C after meeting the
 //                                                  others; the rest sleep (or, with --others barrier, wait in a
-//                                                  barrier that fails when rank R is gone)
+//                                                  barrier that fails when rank R is gone); with MS, rank R
+//                                                  closes its process group and takes MS more to exit
 //   ddp_test_worker compare A B                     exits 0 when the parameter files A and B hold equal tensors
 //
 // The timeouts are the launcher's (DDP_*_TIMEOUT_S) when it sets them, else kTimeout.
@@ -20,6 +21,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -150,7 +152,8 @@ int main(int argc, char** argv) {
     ddp::InitOptions init = ddp::InitOptions().init_method("env://");
     if (std::getenv(ddp::kCollectiveTimeoutEnv) == nullptr) init.timeout(kTimeout);
     if (std::getenv(ddp::kRendezvousTimeoutEnv) == nullptr) init.rendezvous_timeout(kTimeout);
-    const ddp::ProcessGroup pg = ddp::init_process_group(init);
+    auto pg_holder = std::make_unique<ddp::ProcessGroup>(ddp::init_process_group(init));
+    const ddp::ProcessGroup& pg = *pg_holder;
     if (mode == "train") {
       train(pg, std::stoi(arg_value(argc, argv, "--steps", "4")), out,
             std::chrono::milliseconds(std::stoi(arg_value(argc, argv, "--step-delay-ms", "0"))));
@@ -160,7 +163,17 @@ int main(int argc, char** argv) {
       pg.barrier();
       if (pg.rank() == std::stoi(arg_value(argc, argv, "--fail-rank", "0"))) {
         const std::string message = arg_value(argc, argv, "--message", "");
-        if (!message.empty()) std::cerr << "ddp_test_worker: " << message << std::endl;
+        if (!message.empty()) {
+          std::cerr << "ddp_test_worker: " << message << std::endl;
+          // The launcher reads its workers' lines as they come; a peer's error written in the same moment could be
+          // read in the same poll, in rank order. The pause keeps this failure first by a clear margin.
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        }
+        const int exit_delay_ms = std::stoi(arg_value(argc, argv, "--exit-delay-ms", "0"));
+        if (exit_delay_ms > 0) {  // a slow teardown: the peers see the connection close well before this exits
+          pg_holder.reset();
+          std::this_thread::sleep_for(std::chrono::milliseconds(exit_delay_ms));
+        }
         return std::stoi(arg_value(argc, argv, "--code", "1"));
       }
       if (arg_value(argc, argv, "--others", "sleep") == "barrier") {

@@ -275,7 +275,9 @@ TEST(DistributedDataParallelTest, AllreduceDtypeCompressesToBFloat16) {
                                      ddp::DistributedDataParallelOptions().allreduce_dtype(torch::kBFloat16));
     for (const auto& b : ddp.buckets()) TORCH_CHECK(b.dtype == torch::kBFloat16, "bucket dtype ", b.dtype);
     torch::mse_loss(ddp.forward(mine.x), mine.y).backward();
-    check_close(grads_of(*model), expected, test_util::rtol_for(torch::kBFloat16), 1e-3,
+    // Each rank's gradient is rounded to bf16 before the sum (up to 2^-9 of values near 0.5): where the ranks'
+    // gradients nearly cancel, the relative bound says nothing and that absolute error is all that is left.
+    check_close(grads_of(*model), expected, test_util::rtol_for(torch::kBFloat16), 4e-3,
                 c10::str("rank ", rank, " with bf16 buckets"));
   });
 }

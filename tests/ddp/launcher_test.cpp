@@ -273,15 +273,17 @@ TEST(DdpLaunchTest, AFailedWorkerIsNamedTheOthersStoppedAndItsCodeReturned) {
   EXPECT_TRUE(std::regex_search(
       launch.output(), std::regex("ddp-launch: root cause: rank 1 \\(local rank 1, pid [0-9]+\\) exited with code 7")))
       << launch.output();
-  // The surviving worker sleeps for a minute: it was stopped, not waited for.
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+  // The surviving worker sleeps for a minute: it was stopped (after the 2 s settle window), not waited for.
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
 }
 
-TEST(DdpLaunchTest, TheFirstFailureIsTheRootCauseWithItsLastLineAndTheOthersFollow) {
-  LTA_REQUIRE_GLOO();
-  // Rank 1 fails with a message; rank 0, waiting for it in a barrier, fails in turn (or is stopped first).
+/// Rank 1 fails with a message; rank 0, waiting for it in a barrier, fails in turn. With `exit_delay_ms`, rank 1
+/// closes its connections at once but takes that long to exit (LibTorch's teardown under load), so that rank 0
+/// exits first: rank 1 must still be the root cause, not a worker the launcher stopped.
+void expect_first_failure_is_the_root_cause(int exit_delay_ms) {
   Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 " + kWorker +
-                 " fail --fail-rank 1 --code 3 --others barrier --message 'resume file x.pt is truncated'");
+                 " fail --fail-rank 1 --code 3 --others barrier --message 'resume file x.pt is truncated'" +
+                 " --exit-delay-ms " + std::to_string(exit_delay_ms));
   EXPECT_EQ(exit_code(launch.wait(kLimit)), 3) << launch.output();
   const std::string out = launch.output();
   const std::string root = line_with(out, "ddp-launch: root cause:");
@@ -297,6 +299,18 @@ TEST(DdpLaunchTest, TheFirstFailureIsTheRootCauseWithItsLastLineAndTheOthersFoll
   EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
 }
 
+TEST(DdpLaunchTest, TheFirstFailureIsTheRootCauseWithItsLastLineAndTheOthersFollow) {
+  LTA_REQUIRE_GLOO();
+  expect_first_failure_is_the_root_cause(0);
+}
+
+TEST(DdpLaunchTest, AFailedWorkerThatIsSlowToExitIsStillTheRootCause) {
+  LTA_REQUIRE_GLOO();
+  // Seen in CI (2 cores under load): rank 0 exited before rank 1 whose failure it followed, and rank 1, still
+  // tearing down, was stopped by the launcher and reported as a consequence of rank 0.
+  expect_first_failure_is_the_root_cause(700);
+}
+
 TEST(DdpLaunchTest, AnUnknownOptionIsAnErrorNotAProgram) {
   Process launch(kLaunch + " --no-such-flag --nproc-per-node 1 " + kWorker + " env --out /nonexistent");
   EXPECT_EQ(exit_code(launch.wait(kLimit)), 2) << launch.output();
@@ -306,12 +320,14 @@ TEST(DdpLaunchTest, AnUnknownOptionIsAnErrorNotAProgram) {
 
 /// A rendezvous whose peers never come, through the launcher: every rank waits with a word, gives up after the
 /// launcher's --rendezvous-timeout-s naming who never came, and the launcher names the root cause.
-void expect_rendezvous_gives_up(const std::string& options, const std::vector<std::string>& expected) {
+void expect_rendezvous_gives_up(const std::string& options, const std::vector<std::string>& expected,
+                                int timeout_s = 2) {
   const auto start = Clock::now();
   Process launch(kLaunch + " --master-addr 127.0.0.1 --master-port " + std::to_string(ddp::detail::find_free_port()) +
-                 " --rendezvous-timeout-s 2 --kill-grace-s 1 " + options + " " + kWorker + " train");
+                 " --rendezvous-timeout-s " + std::to_string(timeout_s) + " --kill-grace-s 1 " + options + " " +
+                 kWorker + " train");
   EXPECT_EQ(exit_code(launch.wait(kLimit)), 1) << launch.output();
-  // Bounded by the 2 s timeout plus process start-up (seconds for LibTorch on a loaded machine), not 30 minutes.
+  // Bounded by the timeout plus process start-up (seconds for LibTorch on a loaded machine), not 30 minutes.
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << launch.output();
   EXPECT_TRUE(contains_all(launch.output(), expected)) << options;
   EXPECT_EQ(launch.output().find("frame #"), std::string::npos) << launch.output();
@@ -340,7 +356,9 @@ TEST(DdpLaunchTest, TwoNodesWithNodeOneMissingGiveUp) {
   expect_rendezvous_gives_up(
       "--nnodes 2 --node-rank 0 --nproc-per-node 2",
       {"waiting for 2 more ranks at 127.0.0.1:", "(missing: ranks 2-3)", "ddp-launch: root cause: rank ",
-       "ranks 2-3 never came (2 of 4 ranks joined)", "ddp-launch: consequence: rank "});
+       "ranks 2-3 never came (2 of 4 ranks joined)", "ddp-launch: consequence: rank "},
+      // Both local ranks must join before the timeout: 5 s leaves room for two LibTorch start-ups under load.
+      5);
 }
 
 TEST(DdpLaunchTest, AProgramThatCannotStartIsReported) {

@@ -178,7 +178,7 @@ TEST(ProcessGroupTest, RendezvousTimeoutComesFromTheEnvironmentWhenUnset) {
         error_of([&] { ddp::init_process_group(ddp::InitOptions().init_method(tcp_url(port)).rank(0).world_size(2)); });
   });
   EXPECT_TRUE(contains_all(message, {"after 0.5 s: rank 1 never came (1 of 2 ranks joined)"}));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(1500));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(500 + 2000));
   // An explicit option wins over the variable.
   message.clear();
   stderr_of([&] {
@@ -228,7 +228,8 @@ TEST(ProcessGroupTest, SpawnPassesItsTimeoutsToTheWorkers) {
   EXPECT_TRUE(contains_all(
       message, {"ddp::spawn: rank 0 of 2", "after 1 s: rank 1 never came", "then rank 1 (pid", "stopped by spawn"}))
       << message;
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // 1 s rendezvous, 2 s for rank 1 to end on its own, 0.5 s grace, start-up on a loaded machine: not 60 s.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
   // Rank 1 joins, then never enters the barrier: rank 0's barrier fails after spawn's collective timeout.
   message = error_of([] {
     ddp::spawn(

@@ -82,7 +82,8 @@ TEST(SpawnTest, AWorkerIgnoringSigtermIsKilledAfterTheGrace) {
         },
         ddp::SpawnOptions().kill_grace(std::chrono::milliseconds(300)));
   });
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // 2 s for the others to end on their own, 0.3 s of grace after SIGTERM, process start-up on a loaded machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 TEST(SpawnTest, RejectsBadArguments) {

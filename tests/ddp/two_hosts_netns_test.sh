@@ -138,7 +138,7 @@ for k in 0 1; do
   # The ranks give up at the collective timeout (checked below in their errors); the bound adds the launcher's
   # grace for the other local worker and room for LibTorch processes to exit on a loaded 2-core machine (7 s
   # was seen with 6 builds running), and stays far below the 30-minute default that a hang would take.
-  limit=$((COLLECTIVE_TIMEOUT_S + KILL_GRACE_S + 12))
+  limit=$((COLLECTIVE_TIMEOUT_S + KILL_GRACE_S + 2 + 12))  # + 2: the launcher's settle window before SIGTERM
   awk -v e="$elapsed" -v l="$limit" 'BEGIN { exit !(e < l) }' || fail "cut: host $k took $elapsed s to end (limit $limit s)"
   grep -q "ddp-launch: root cause: rank [0-9] (local rank [01], pid [0-9]*) exited with code" "$log" ||
     fail "cut: host $k's launcher did not name the root cause"
