@@ -32,6 +32,7 @@
 #include <torch/serialize/archive.h>
 
 #include <amp/atomic_file.h>
+#include <ddp/hash.h>
 
 namespace amp::detail {
 namespace {
@@ -77,15 +78,6 @@ auto checked(const std::string& path, const std::string& context, F&& f) -> decl
   }
 }
 
-uint64_t fnv1a64(const uint8_t* data, size_t size) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < size; ++i) {
-    hash ^= data[i];
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
 std::string hex(uint64_t value) {
   std::ostringstream out;
   out << "0x" << std::hex << std::setw(16) << std::setfill('0') << value;
@@ -108,7 +100,7 @@ std::string serialized(torch::serialize::OutputArchive& archive) {
 
 void write_entry(torch::serialize::OutputArchive& all, const std::string& key, const std::string& bytes) {
   all.write(key + ".bytes", bytes_tensor(bytes));
-  const uint64_t hash = fnv1a64(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  const uint64_t hash = ddp::fnv1a64(bytes.data(), bytes.size());
   int64_t stored = 0;
   std::memcpy(&stored, &hash, sizeof(stored));
   all.write(key + ".fnv1a64", at::tensor({stored}, at::kLong));
@@ -126,7 +118,7 @@ at::Tensor read_entry(torch::serialize::InputArchive& all, const std::string& pa
                    " bytes of shape " + c10::str(bytes.sizes()) + "): the file is damaged");
   }
   bytes = bytes.contiguous();
-  const uint64_t computed = fnv1a64(bytes.data_ptr<uint8_t>(), static_cast<size_t>(bytes.numel()));
+  const uint64_t computed = ddp::fnv1a64(bytes.data_ptr<uint8_t>(), static_cast<size_t>(bytes.numel()));
   const int64_t stored_value = stored.item<int64_t>();
   uint64_t expected = 0;
   std::memcpy(&expected, &stored_value, sizeof(expected));

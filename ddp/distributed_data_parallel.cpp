@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <ddp/bucket_copy.h>
+#include <ddp/hash.h>
 
 namespace ddp {
 namespace {
@@ -63,14 +64,6 @@ void broadcast_from_root(const ProcessGroup& pg, const std::vector<at::Tensor>& 
   }
 }
 
-uint64_t fnv1a(const std::string& text) {
-  constexpr uint64_t kOffsetBasis = 14695981039346656037ull;
-  constexpr uint64_t kPrime = 1099511628211ull;
-  uint64_t h = kOffsetBasis;
-  for (unsigned char c : text) h = (h ^ c) * kPrime;
-  return h;
-}
-
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
@@ -106,7 +99,7 @@ void verify_same_model_on_all_ranks(const ProcessGroup& pg, const torch::nn::Mod
   std::string mine;
   for (const auto& line : describe(module, options)) mine += line + "\n";
   const at::Tensor summary =
-      at::tensor({static_cast<int64_t>(fnv1a(mine)), static_cast<int64_t>(mine.size())}, at::kLong).to(pg.device());
+      at::tensor({static_cast<int64_t>(fnv1a64(mine.data(), mine.size())), static_cast<int64_t>(mine.size())}, at::kLong).to(pg.device());
   std::vector<at::Tensor> summaries = pg.allgather(summary);
   for (at::Tensor& s : summaries) s = s.cpu();
   int64_t longest = 0;

@@ -41,9 +41,11 @@ c10::ScalarType half_dtype(const std::string& name, const torch::Device& device)
 
 int main(int argc, char** argv) {
   examples::CommonFlags flags;
+  examples::DdpFlags ddp_flags;
   AmpFlags amp_flags;
   CLI::App app{"Apex-style mixed precision + DDP on Fashion-MNIST, started by ddp-launch or torchrun"};
   examples::add_common_flags(app, flags);
+  examples::add_ddp_flags(app, ddp_flags);
   examples::add_local_rank_flag(app, amp_flags.local_rank);
   app.add_option("--opt-level", amp_flags.opt_level, "O0 (fp32), O1 (autocast), O2 (half model, fp32 masters), O3")
       ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}));
@@ -105,6 +107,7 @@ int main(int argc, char** argv) {
                 *net, [&](const torch::Tensor& x) { return model.forward(x); }, data.test, device));
       }
     }
+    examples::check_replicas_if_asked(ddp_flags, *net, group);  // the model's weights (half under O2)
     if (rank.rank == 0 && !flags.save.empty()) {
       amp::save_checkpoint(flags.save, model, optimizer);
       fmt::print("saved model, optimizer and amp state to {}\n", flags.save);

@@ -7,15 +7,17 @@
 
 int main(int argc, char** argv) {
   examples::CommonFlags flags;
+  examples::DdpFlags ddp_flags;
   int local_rank_flag = 0;
   CLI::App app{"DDP on Fashion-MNIST, one process per device, started by ddp-launch or torchrun"};
   examples::add_common_flags(app, flags);
+  examples::add_ddp_flags(app, ddp_flags);
   examples::add_local_rank_flag(app, local_rank_flag);
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("ddp_launch", [&] {
     examples::check_common_flags(flags);
     const int local_rank = examples::local_rank_from_launcher(argc, argv, "ddp_launch");
-    examples::train_ddp_worker(flags, ddp::InitOptions().init_method("env://"), local_rank);
+    examples::train_ddp_worker(flags, ddp_flags, ddp::InitOptions().init_method("env://"), local_rank);
   });
 }

@@ -4,6 +4,7 @@
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/launch_env.h>
+#include <ddp/replica_check.h>
 #include <fmt/format.h>
 
 #include "common/small_cnn.h"
@@ -25,9 +26,23 @@ int local_rank_from_launcher(int argc, const char* const* argv, const std::strin
   return ddp::parse_local_rank_arg(argc, argv).value_or(env.local_rank);
 }
 
+void add_ddp_flags(CLI::App& app, DdpFlags& flags) {
+  app.add_flag("--check-replicas", flags.check_replicas,
+               "After training, check that every rank holds bit-identical parameters (exit 1 if not)");
+}
+
+void check_replicas_if_asked(const DdpFlags& flags, const torch::nn::Module& module, const ddp::ProcessGroup& group) {
+  if (!flags.check_replicas) return;
+  const uint64_t digest = ddp::check_replicas(module, group);
+  if (group.rank() == 0) {
+    fmt::print("replicas: all {} ranks hold bit-identical parameters (FNV-1a {})\n", group.size(),
+               ddp::digest_hex(digest));
+  }
+}
+
 std::string backend_for(const torch::Device& device) { return device.is_cuda() ? "nccl" : "gloo"; }
 
-void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank) {
+void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::InitOptions init, int local_rank) {
   const torch::Device device = pick_device(flags.device, local_rank);
   // Same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's state at construction).
   torch::manual_seed(flags.seed);
@@ -65,6 +80,7 @@ void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local
                              *net, [&](const torch::Tensor& x) { return net->forward(x); }, data.test, device));
     }
   }
+  check_replicas_if_asked(ddp_flags, *net, group);
   if (rank.rank == 0 && !flags.save.empty()) save_checkpoint(flags.save, *net, optimizer);
   group.barrier();  // nobody leaves (and tears the group down) while rank 0 is still evaluating or saving
 }

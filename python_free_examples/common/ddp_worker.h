@@ -14,6 +14,20 @@ void add_local_rank_flag(CLI::App& app, int& storage);
 /// Throws with the command to use when the launcher's variables are absent.
 int local_rank_from_launcher(int argc, const char* const* argv, const std::string& program);
 
+/// The flags of the multi-process examples beyond CommonFlags.
+struct DdpFlags {
+  bool check_replicas = false;  // after training, every rank's parameters must be bit-identical
+};
+
+/// Registers DdpFlags on `app` (--check-replicas).
+void add_ddp_flags(CLI::App& app, DdpFlags& flags);
+
+/// With --check-replicas: compares every rank's parameters (ddp::check_replicas, collective; not the BatchNorm
+/// buffers, which hold each rank's last local statistics) and prints "replicas: all N ranks hold bit-identical
+/// parameters (FNV-1a 0x...)" on rank 0; throws on every rank, naming the ranks that differ, when they do not.
+/// Without it: nothing.
+void check_replicas_if_asked(const DdpFlags& flags, const torch::nn::Module& module, const ddp::ProcessGroup& group);
+
 /// "nccl" for a CUDA device, "gloo" otherwise.
 std::string backend_for(const torch::Device& device);
 
@@ -21,6 +35,6 @@ std::string backend_for(const torch::Device& device);
 /// started): joins the process group `init` describes (its backend is chosen from the device), builds the
 /// small CNN on cuda:`local_rank` (or the CPU), wraps it in ddp::DistributedDataParallel, trains on this rank's
 /// shard with SGD, and on rank 0 prints the test accuracy and writes --save.
-void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank);
+void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::InitOptions init, int local_rank);
 
 }  // namespace examples

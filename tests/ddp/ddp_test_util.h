@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <ddp/process_group.h>
+#include <ddp/spawn.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
@@ -28,6 +30,17 @@ namespace ddp_test {
 
 /// Collectives in tests: long enough for a loaded 2-core machine, short enough to end a broken test quickly.
 constexpr std::chrono::milliseconds kTestTimeout{20000};
+
+/// Runs fn(rank, process group) on `world` forked ranks with Gloo on loopback, one thread each (the ranks share two
+/// cores); a rank reports failure by throwing, and ddp::spawn rethrows naming that rank.
+inline void run_ranks(const std::function<void(int, const ddp::ProcessGroup&)>& fn, int world,
+                      std::chrono::milliseconds timeout = kTestTimeout) {
+  ddp::spawn(world, [&](int rank, int) {
+    at::set_num_threads(1);
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(timeout));
+    fn(rank, pg);
+  });
+}
 
 /// Runs `fn`, which must throw; returns the message (without backtrace), or "" after recording a failure.
 inline std::string error_of(const std::function<void()>& fn) {

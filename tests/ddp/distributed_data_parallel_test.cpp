@@ -86,14 +86,10 @@ void check_close(const std::vector<torch::Tensor>& actual, const std::vector<tor
   }
 }
 
-/// Runs fn(rank, process group) on kWorld forked ranks with Gloo on loopback.
+/// Runs fn(rank, process group) on kWorld (or `world`) forked ranks with Gloo on loopback.
 void run_ranks(const std::function<void(int, const ddp::ProcessGroup&)>& fn, int world = kWorld,
                std::chrono::milliseconds timeout = kTestTimeout) {
-  ddp::spawn(world, [&](int rank, int) {
-    at::set_num_threads(1);  // two ranks share two cores
-    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(timeout));
-    fn(rank, pg);
-  });
+  ddp_test::run_ranks(fn, world, timeout);
 }
 
 void save(const std::vector<torch::Tensor>& tensors, const std::string& path) { torch::save(tensors, path); }
