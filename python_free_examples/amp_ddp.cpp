@@ -1,6 +1,8 @@
 // The tutorial's Apex way: mixed precision with amp::initialize, data parallel with DDP, one process per GPU
 // started by a launcher (Apex's examples used torch.distributed.launch and --local_rank):
 //   ddp-launch --nproc-per-node 2 ./amp_ddp --synthetic --opt-level O2 --dtype bf16 --optimizer adamw --lr 1e-3
+// --sync-bn builds the CNN with ddp::SyncBatchNorm (Apex's convert_syncbn_model): batch statistics over all ranks,
+// kept fp32 like BatchNorm (keep_batchnorm_fp32) while the activations they normalize are half.
 // Order matters: amp::initialize first (it may cast the model), then DDP over the initialized module, and the
 // forward runs through the amp policy: model.call(ddp.forward, images).
 #include <memory>
@@ -8,6 +10,7 @@
 #include <amp/amp.h>
 #include <amp/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/sync_batch_norm.h>
 #include <fmt/format.h>
 
 #include "common/ddp_worker.h"
@@ -20,6 +23,7 @@ struct AmpFlags {
   std::string dtype = "auto";  // fp16 on CUDA, bf16 on the CPU (which has no fast fp16)
   std::string optimizer = "sgd";
   int local_rank = 0;  // the legacy launcher's --local_rank
+  bool sync_bn = false;
 };
 
 constexpr double kAdamWeightDecay = 1e-2;
@@ -45,6 +49,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Apex-style mixed precision + DDP on Fashion-MNIST, started by ddp-launch or torchrun"};
   examples::add_common_flags(app, flags);
   examples::add_local_rank_flag(app, amp_flags.local_rank);
+  examples::add_sync_bn_flag(app, amp_flags.sync_bn);
   app.add_option("--opt-level", amp_flags.opt_level, "O0 (fp32), O1 (autocast), O2 (half model, fp32 masters), O3")
       ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}));
   app.add_option("--dtype", amp_flags.dtype, "Half dtype: fp16, bf16 or auto")
@@ -59,7 +64,7 @@ int main(int argc, char** argv) {
     const torch::Device device = examples::pick_device(flags.device, local_rank);
     torch::manual_seed(flags.seed);
     const examples::Data data = examples::load_data(flags);
-    examples::SmallCnn net;
+    examples::SmallCnn net(examples::SmallCnnOptions().sync_batch_norm(amp_flags.sync_bn));
     net->to(device);
     auto inner = make_optimizer(amp_flags.optimizer, net, flags.lr);
     const auto options = amp::Options()
@@ -76,12 +81,14 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) init.cuda_device(device.index());
     ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
     const examples::Rank rank{group.rank(), group.size()};
+    // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
+    if (amp_flags.sync_bn) ddp::set_sync_batch_norm_process_group(*net, group);
     ddp::DistributedDataParallel ddp(net, group);
     optimizer.attach(ddp);  // each bucket is unscaled and checked as soon as its allreduce completes
     if (rank.rank == 0) {
-      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}\n", rank.world_size, group.backend_name(),
+      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}{}\n", rank.world_size, group.backend_name(),
                  device.str(), amp_flags.opt_level, c10::toString(half_dtype(amp_flags.dtype, device)),
-                 amp_flags.optimizer);
+                 amp_flags.optimizer, amp_flags.sync_bn ? " | SyncBatchNorm over all ranks" : "");
     }
 
     for (int epoch = 1; epoch <= flags.epochs; ++epoch) {

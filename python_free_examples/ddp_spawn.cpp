@@ -13,10 +13,12 @@ int main(int argc, char** argv) {
   examples::CommonFlags flags;
   int nproc = 2;
   int port = 0;
+  bool sync_bn = false;
   CLI::App app{"DDP on Fashion-MNIST with workers spawned by the program itself"};
   examples::add_common_flags(app, flags);
   app.add_option("--nproc", nproc, "Worker processes (one per GPU on a GPU machine)");
   app.add_option("--port", port, "Rendezvous port on 127.0.0.1 (0: a free one)");
+  examples::add_sync_bn_flag(app, sync_bn);
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("ddp_spawn", [&] {
@@ -33,7 +35,7 @@ int main(int argc, char** argv) {
           const char* chosen_port = std::getenv("MASTER_PORT");
           TORCH_CHECK(chosen_port != nullptr, "ddp_spawn: MASTER_PORT is not set in the worker");
           const std::string init_method = fmt::format("tcp://127.0.0.1:{}", chosen_port);
-          examples::train_ddp_worker(flags, ddp::InitOptions().init_method(init_method), local_rank);
+          examples::train_ddp_worker(flags, ddp::InitOptions().init_method(init_method), local_rank, sync_bn);
         },
         ddp::SpawnOptions().master_port(port));
   });

@@ -4,6 +4,7 @@
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/launch_env.h>
+#include <ddp/sync_batch_norm.h>
 #include <fmt/format.h>
 
 #include "common/small_cnn.h"
@@ -25,16 +26,21 @@ int local_rank_from_launcher(int argc, const char* const* argv, const std::strin
   return ddp::parse_local_rank_arg(argc, argv).value_or(env.local_rank);
 }
 
+void add_sync_bn_flag(CLI::App& app, bool& storage) {
+  app.add_flag("--sync-bn", storage,
+               "Synchronized BatchNorm: batch statistics over all ranks' batches (ddp::SyncBatchNorm)");
+}
+
 std::string backend_for(const torch::Device& device) { return device.is_cuda() ? "nccl" : "gloo"; }
 
-void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank) {
+void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank, bool sync_batch_norm) {
   const torch::Device device = pick_device(flags.device, local_rank);
   // Same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's state at construction).
   torch::manual_seed(flags.seed);
   // Data and --resume are read before joining the group: a bad file is this rank's own one-line error, not a
   // failed collective on the others.
   const Data data = load_data(flags);
-  SmallCnn net;
+  SmallCnn net(SmallCnnOptions().sync_batch_norm(sync_batch_norm));
   net->to(device);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(kSgdMomentum));
   if (!flags.resume.empty()) load_checkpoint(flags.resume, *net, optimizer);
@@ -42,10 +48,12 @@ void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local
   if (device.is_cuda()) init.cuda_device(device.index());
   ddp::ProcessGroup group = ddp::init_process_group(init.backend(backend_for(device)));
   const Rank rank{group.rank(), group.size()};
+  // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
+  if (sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
   if (rank.rank == 0) {
-    fmt::print("{} processes ({} backend), device {} on rank 0 | {} training samples, {} test samples\n",
-               rank.world_size, group.backend_name(), device.str(), data.train.images.size(0),
-               data.test.images.size(0));
+    fmt::print("{} processes ({} backend), device {} on rank 0 | {} training samples, {} test samples{}\n",
+               rank.world_size, group.backend_name(), device.str(), data.train.images.size(0), data.test.images.size(0),
+               sync_batch_norm ? " | SyncBatchNorm over all ranks" : "");
   }
   ddp::DistributedDataParallel ddp(net, group);
 

@@ -14,13 +14,17 @@ void add_local_rank_flag(CLI::App& app, int& storage);
 /// Throws with the command to use when the launcher's variables are absent.
 int local_rank_from_launcher(int argc, const char* const* argv, const std::string& program);
 
+/// Registers --sync-bn on `app`: the CNN's BatchNorm layers become ddp::SyncBatchNorm over the DDP process group.
+void add_sync_bn_flag(CLI::App& app, bool& storage);
+
 /// "nccl" for a CUDA device, "gloo" otherwise.
 std::string backend_for(const torch::Device& device);
 
 /// The body of one DDP worker, shared by ddp_launch and ddp_spawn (which differ only in how the workers are
 /// started): joins the process group `init` describes (its backend is chosen from the device), builds the
 /// small CNN on cuda:`local_rank` (or the CPU), wraps it in ddp::DistributedDataParallel, trains on this rank's
-/// shard with SGD, and on rank 0 prints the test accuracy and writes --save.
-void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank);
+/// shard with SGD, and on rank 0 prints the test accuracy and writes --save. `sync_batch_norm` (--sync-bn): the
+/// CNN normalizes with ddp::SyncBatchNorm over the group, so its batch statistics cover every rank's batch.
+void train_ddp_worker(const CommonFlags& flags, ddp::InitOptions init, int local_rank, bool sync_batch_norm = false);
 
 }  // namespace examples
