@@ -13,8 +13,9 @@ constexpr int64_t kPooledSide = 7;  // 28 -> 14 -> 7 after two 2x2 pools
 constexpr int kImageDims = 2;
 
 torch::nn::AnyModule batch_norm(int64_t channels, bool sync) {
-  if (sync)
+  if (sync) {
     return torch::nn::AnyModule(ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(channels).dimensionality(kImageDims)));
+  }
   return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
 }
 }  // namespace
