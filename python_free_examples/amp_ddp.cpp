@@ -1,6 +1,8 @@
 // The tutorial's Apex way: mixed precision with amp::initialize, data parallel with DDP, one process per GPU
 // started by a launcher (Apex's examples used torch.distributed.launch and --local_rank):
 //   ddp-launch --nproc-per-node 2 ./amp_ddp --synthetic --opt-level O2 --dtype bf16 --optimizer adamw --lr 1e-3
+// --sync-bn builds the CNN with ddp::SyncBatchNorm (Apex's convert_syncbn_model): batch statistics over all ranks,
+// kept fp32 like BatchNorm (keep_batchnorm_fp32) while the activations they normalize are half.
 // Order matters: amp::initialize first (it may cast the model), then DDP over the initialized module, and the
 // forward runs through the amp policy: model.call(ddp.forward, images).
 #include <memory>
@@ -8,6 +10,7 @@
 #include <amp/amp.h>
 #include <amp/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/sync_batch_norm.h>
 #include <fmt/format.h>
 
 #include "common/ddp_worker.h"
@@ -61,7 +64,7 @@ int main(int argc, char** argv) {
     const torch::Device device = examples::pick_device(flags.device, local_rank);
     torch::manual_seed(flags.seed);
     const examples::Data data = examples::load_data(flags);
-    examples::SmallCnn net;
+    examples::SmallCnn net(examples::SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
     net->to(device);
     auto inner = make_optimizer(amp_flags.optimizer, net, flags.lr);
     const auto options = amp::Options()
@@ -78,12 +81,14 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) init.cuda_device(device.index());
     ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
     const examples::Rank rank{group.rank(), group.size()};
+    // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
+    if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
     ddp::DistributedDataParallel ddp(net, group);
     optimizer.attach(ddp);  // each bucket is unscaled and checked as soon as its allreduce completes
     if (rank.rank == 0) {
-      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}\n", rank.world_size, group.backend_name(),
+      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}{}\n", rank.world_size, group.backend_name(),
                  device.str(), amp_flags.opt_level, c10::toString(half_dtype(amp_flags.dtype, device)),
-                 amp_flags.optimizer);
+                 amp_flags.optimizer, ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "");
     }
 
     for (int epoch = 1; epoch <= flags.epochs; ++epoch) {

@@ -1,6 +1,7 @@
 // The tutorial's second way: one process per GPU, started by a launcher that sets the environment contract
 // (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK):
 //   ddp-launch --nproc-per-node 2 ./ddp_launch --synthetic
+//   ddp-launch --nproc-per-node 2 ./ddp_launch --synthetic --sync-bn     (BatchNorm statistics over all ranks)
 //   torchrun --nproc-per-node 2 --no-python ./ddp_launch --synthetic
 // The legacy launcher's --local_rank / --local-rank argument is accepted too.
 #include "common/ddp_worker.h"

@@ -5,6 +5,7 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/launch_env.h>
 #include <ddp/replica_check.h>
+#include <ddp/sync_batch_norm.h>
 #include <fmt/format.h>
 
 #include "common/small_cnn.h"
@@ -29,14 +30,18 @@ int local_rank_from_launcher(int argc, const char* const* argv, const std::strin
 void add_ddp_flags(CLI::App& app, DdpFlags& flags) {
   app.add_flag("--check-replicas", flags.check_replicas,
                "After training, check that every rank holds bit-identical parameters (exit 1 if not)");
+  app.add_flag("--sync-bn", flags.sync_batch_norm,
+               "Synchronized BatchNorm: batch statistics over all ranks' batches (ddp::SyncBatchNorm)");
 }
 
 void check_replicas_if_asked(const DdpFlags& flags, const torch::nn::Module& module, const ddp::ProcessGroup& group) {
   if (!flags.check_replicas) return;
-  const uint64_t digest = ddp::check_replicas(module, group);
+  // With SyncBatchNorm every rank's running statistics are the global ones: they must agree too.
+  const bool buffers = flags.sync_batch_norm;
+  const uint64_t digest = ddp::check_replicas(module, group, buffers);
   if (group.rank() == 0) {
-    fmt::print("replicas: all {} ranks hold bit-identical parameters (FNV-1a {})\n", group.size(),
-               ddp::digest_hex(digest));
+    fmt::print("replicas: all {} ranks hold bit-identical parameters{} (FNV-1a {})\n", group.size(),
+               buffers ? " and buffers" : "", ddp::digest_hex(digest));
   }
 }
 
@@ -49,7 +54,7 @@ void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::
   // Data and --resume are read before joining the group: a bad file is this rank's own one-line error, not a
   // failed collective on the others.
   const Data data = load_data(flags);
-  SmallCnn net;
+  SmallCnn net(SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
   net->to(device);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(kSgdMomentum));
   if (!flags.resume.empty()) load_checkpoint(flags.resume, *net, optimizer);
@@ -57,10 +62,12 @@ void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::
   if (device.is_cuda()) init.cuda_device(device.index());
   ddp::ProcessGroup group = ddp::init_process_group(init.backend(backend_for(device)));
   const Rank rank{group.rank(), group.size()};
+  // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
+  if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
   if (rank.rank == 0) {
-    fmt::print("{} processes ({} backend), device {} on rank 0 | {} training samples, {} test samples\n",
-               rank.world_size, group.backend_name(), device.str(), data.train.images.size(0),
-               data.test.images.size(0));
+    fmt::print("{} processes ({} backend), device {} on rank 0 | {} training samples, {} test samples{}\n",
+               rank.world_size, group.backend_name(), device.str(), data.train.images.size(0), data.test.images.size(0),
+               ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "");
   }
   ddp::DistributedDataParallel ddp(net, group);
 

@@ -16,16 +16,17 @@ int local_rank_from_launcher(int argc, const char* const* argv, const std::strin
 
 /// The flags of the multi-process examples beyond CommonFlags.
 struct DdpFlags {
-  bool check_replicas = false;  // after training, every rank's parameters must be bit-identical
+  bool check_replicas = false;   // after training, every rank's parameters must be bit-identical
+  bool sync_batch_norm = false;  // the CNN normalizes with ddp::SyncBatchNorm over the DDP process group
 };
 
-/// Registers DdpFlags on `app` (--check-replicas).
+/// Registers DdpFlags on `app`: --check-replicas, --sync-bn.
 void add_ddp_flags(CLI::App& app, DdpFlags& flags);
 
-/// With --check-replicas: compares every rank's parameters (ddp::check_replicas, collective; not the BatchNorm
-/// buffers, which hold each rank's last local statistics) and prints "replicas: all N ranks hold bit-identical
-/// parameters (FNV-1a 0x...)" on rank 0; throws on every rank, naming the ranks that differ, when they do not.
-/// Without it: nothing.
+/// With --check-replicas: compares every rank's parameters (ddp::check_replicas, collective), and with --sync-bn
+/// also the buffers (without it, BatchNorm's buffers hold each rank's last local statistics), and prints
+/// "replicas: all N ranks hold bit-identical parameters[ and buffers] (FNV-1a 0x...)" on rank 0; throws on every
+/// rank, naming the ranks that differ, when they do not. Without it: nothing.
 void check_replicas_if_asked(const DdpFlags& flags, const torch::nn::Module& module, const ddp::ProcessGroup& group);
 
 /// "nccl" for a CUDA device, "gloo" otherwise.
@@ -34,7 +35,8 @@ std::string backend_for(const torch::Device& device);
 /// The body of one DDP worker, shared by ddp_launch and ddp_spawn (which differ only in how the workers are
 /// started): joins the process group `init` describes (its backend is chosen from the device), builds the
 /// small CNN on cuda:`local_rank` (or the CPU), wraps it in ddp::DistributedDataParallel, trains on this rank's
-/// shard with SGD, and on rank 0 prints the test accuracy and writes --save.
+/// shard with SGD, and on rank 0 prints the test accuracy and writes --save. With --sync-bn the CNN normalizes
+/// with ddp::SyncBatchNorm over the group, so its batch statistics cover every rank's batch.
 void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::InitOptions init, int local_rank);
 
 }  // namespace examples

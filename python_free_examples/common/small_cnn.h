@@ -4,17 +4,29 @@
 
 namespace examples {
 
+/// How SmallCnn normalizes.
+struct SmallCnnOptions {
+  /// ddp::SyncBatchNorm (2d) instead of torch::nn::BatchNorm2d: batch statistics over the ranks of a process
+  /// group, set after joining it with ddp::set_sync_batch_norm_process_group. Parameter and buffer names stay
+  /// those of BatchNorm2d, so checkpoints move between the two.
+  TORCH_ARG(bool, sync_batch_norm) = false;
+};
+
 /// The tutorial's "model = ...": a small CNN for 28x28 grey images, 10 classes.
 /// conv(1->32,3) BN ReLU pool, conv(32->64,3) BN ReLU pool, fc(64*7*7 -> 128) ReLU, fc(128 -> 10).
 /// Cloneable so that torch::nn::parallel::data_parallel can replicate it onto each GPU.
 struct SmallCnnImpl : torch::nn::Cloneable<SmallCnnImpl> {
-  SmallCnnImpl();
+  explicit SmallCnnImpl(const SmallCnnOptions& options = {});
   /// Builds (or, in a clone, rebuilds) the layers; Cloneable::clone() calls it on the copy.
   void reset() override;
   torch::Tensor forward(torch::Tensor x);
 
+  SmallCnnOptions options;
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  /// BatchNorm2d, or ddp::SyncBatchNorm with options.sync_batch_norm(). Held type-erased because forward() calls
+  /// them through these members: ddp::convert_sync_batch_norm could not replace a typed member (see its
+  /// limitation), so the type is chosen at construction instead.
+  torch::nn::AnyModule bn1, bn2;
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(SmallCnn);

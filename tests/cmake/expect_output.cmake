@@ -1,4 +1,4 @@
-# cmake -DEXPECT=<regex> [-DALSO_EXPECT=<regex>] [-DTIMEOUT=<s>] [-DMIN_ACCURACY=<percent>] -P expect_output.cmake -- <command> [args...]
+# cmake -DEXPECT=<regex> [-DTIMEOUT=<s>] [-DMIN_ACCURACY=<percent>] -P expect_output.cmake -- <command> [args...]
 # Runs the command and passes only when it exits with 0 AND its output (stdout and stderr) matches EXPECT, and, with
 # MIN_ACCURACY, when the last "test accuracy X%" it printed is at least MIN_ACCURACY. ctest
 # ignores a test's exit code once PASS_REGULAR_EXPRESSION is set, so a regex alone would pass, say, a launcher
@@ -26,9 +26,6 @@ if(NOT "${_rc}" STREQUAL "0")
 endif()
 if(NOT "${_out}" MATCHES "${EXPECT}")
   message(FATAL_ERROR "expect_output: the output does not match '${EXPECT}': ${_cmd}")
-endif()
-if(DEFINED ALSO_EXPECT AND NOT "${_out}" MATCHES "${ALSO_EXPECT}")
-  message(FATAL_ERROR "expect_output: the output does not match '${ALSO_EXPECT}': ${_cmd}")
 endif()
 if(DEFINED MIN_ACCURACY)
   string(REGEX MATCHALL "test accuracy [0-9.]+%" _accuracies "${_out}")
