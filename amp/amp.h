@@ -15,6 +15,7 @@
 //
 // See docs/opt_levels.md for what each level does and docs/checkpointing.md for saving and resuming.
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -206,9 +207,26 @@ void save_checkpoint(const std::string& path, const Model<ModuleHolder>& model, 
 template <typename ModuleHolder>
 void load_checkpoint(const std::string& path, Model<ModuleHolder>& model, Optimizer& optimizer);
 
+/// Named byte strings a caller keeps in the checkpoint file beside model, optimizer and amp state: a training loop's
+/// position and RNG state, so that the file stays one atomic write (Note [checkpoint extras] in amp/checkpoint.cpp).
+/// Names are 1 to 64 characters of [A-Za-z0-9_-]; values any bytes.
+using CheckpointExtras = std::map<std::string, std::string>;
+
+/// save_checkpoint that also stores `extras`, each with its own checksum. Throws (c10::Error, one line) for a name
+/// outside the alphabet above, before anything is written.
+template <typename ModuleHolder>
+void save_checkpoint(const std::string& path, const Model<ModuleHolder>& model, Optimizer& optimizer,
+                     const CheckpointExtras& extras);
+/// load_checkpoint that also returns the extras the file holds (empty for a file saved without any, or of format
+/// 1). They are verified against their checksums with the other parts, before anything changes.
+template <typename ModuleHolder>
+void load_checkpoint(const std::string& path, Model<ModuleHolder>& model, Optimizer& optimizer,
+                     CheckpointExtras& extras);
+
 namespace detail {
-void save_checkpoint(const std::string& path, State& state);
-void load_checkpoint(const std::string& path, State& state);
+void save_checkpoint(const std::string& path, State& state, const CheckpointExtras& extras = {});
+/// `extras`: where to put the file's extras (nullptr: not wanted; they are verified all the same).
+void load_checkpoint(const std::string& path, State& state, CheckpointExtras* extras = nullptr);
 }  // namespace detail
 
 template <typename ModuleHolder>
@@ -218,6 +236,15 @@ void save_checkpoint(const std::string& path, const Model<ModuleHolder>&, Optimi
 template <typename ModuleHolder>
 void load_checkpoint(const std::string& path, Model<ModuleHolder>&, Optimizer& optimizer) {
   detail::load_checkpoint(path, optimizer.state());
+}
+template <typename ModuleHolder>
+void save_checkpoint(const std::string& path, const Model<ModuleHolder>&, Optimizer& optimizer,
+                     const CheckpointExtras& extras) {
+  detail::save_checkpoint(path, optimizer.state(), extras);
+}
+template <typename ModuleHolder>
+void load_checkpoint(const std::string& path, Model<ModuleHolder>&, Optimizer& optimizer, CheckpointExtras& extras) {
+  detail::load_checkpoint(path, optimizer.state(), &extras);
 }
 
 }  // namespace amp

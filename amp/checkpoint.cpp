@@ -11,6 +11,13 @@
 // inside a tensor would load silently: the hashes catch it (FNV-1a changes with any change confined to one byte,
 // so a single flipped bit is always caught). Everything is verified and parsed before the first write to model,
 // optimizer or scalers. Files of format 1 (the three parts as nested archives, no hashes, no type) still load.
+//
+// Note [checkpoint extras]
+// A caller may store named byte strings beside the three parts (amp::CheckpointExtras: the examples keep their
+// training position and RNG state there, so a resume needs one file written atomically, not two). They are
+// entries of the same envelope, hashed like the parts: "extras" lists the names, one per line, and extra NAME is
+// the entry "extra_NAME". A file without "extras" has none. The format version stays 2: a reader that does not
+// know extras ignores the entries, and files without them read as before.
 
 #include <amp/amp.h>
 
@@ -41,6 +48,9 @@ constexpr int64_t kFormatVersion = 2;
 constexpr const char* kFormatKey = "format_version";
 constexpr const char* kTypePart = "optimizer_type";
 constexpr const char* kParts[] = {"model", "optimizer", "amp"};
+constexpr const char* kExtrasPart = "extras";   // Note [checkpoint extras]
+constexpr const char* kExtraPrefix = "extra_";  // extra NAME is the entry "extra_NAME"
+constexpr size_t kMaxExtraNameLength = 64;
 
 /// One line: newlines (LibTorch's multi-line messages) become "; ".
 std::string one_line(const std::string& text) {
@@ -133,10 +143,34 @@ std::string as_string(const at::Tensor& bytes) {
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(bytes.numel()));
 }
 
+/// Whether `name` may name an extra: 1 to kMaxExtraNameLength characters of [A-Za-z0-9_-].
+bool valid_extra_name(const std::string& name) {
+  if (name.empty() || name.size() > kMaxExtraNameLength) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+/// The extras of a format-2 file (none when it has no "extras" entry), every one verified against its hash.
+CheckpointExtras read_extras(torch::serialize::InputArchive& all, const std::string& path) {
+  CheckpointExtras extras;
+  at::Tensor probe;
+  if (!all.try_read(std::string(kExtrasPart) + ".bytes", probe)) return extras;
+  std::istringstream names(as_string(read_entry(all, path, kExtrasPart)));
+  for (std::string name; std::getline(names, name);) {
+    if (!valid_extra_name(name)) fail(path, "its extras list names an invalid entry: the file is damaged");
+    extras[name] = as_string(read_entry(all, path, kExtraPrefix + name));
+  }
+  return extras;
+}
+
 /// The three parts, parsed (format 2: verified first; format 1: nested archives).
 struct Parts {
   torch::serialize::InputArchive model, optimizer, amp;
   std::string optimizer_type;  // empty for format 1
+  CheckpointExtras extras;     // empty for format 1
 };
 
 void read_parts(const std::string& path, const c10::Device& device, Parts& parts) {
@@ -169,6 +203,7 @@ void read_parts(const std::string& path, const c10::Device& device, Parts& parts
   parts.optimizer_type = as_string(read_entry(all, path, kTypePart));
   at::Tensor bytes[std::size(kParts)];
   for (size_t i = 0; i < std::size(kParts); ++i) bytes[i] = read_entry(all, path, kParts[i]);
+  parts.extras = read_extras(all, path);
   torch::serialize::InputArchive* targets[] = {&parts.model, &parts.optimizer, &parts.amp};
   for (size_t i = 0; i < std::size(kParts); ++i) {
     checked(path, std::string("its '") + kParts[i] + "' part cannot be read: ", [&] {
@@ -180,7 +215,15 @@ void read_parts(const std::string& path, const c10::Device& device, Parts& parts
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, State& state) {
+void save_checkpoint(const std::string& path, State& state, const CheckpointExtras& extras) {
+  std::string extra_names;
+  for (const auto& entry : extras) {
+    if (!valid_extra_name(entry.first)) {
+      fail(path, "cannot save it: extra '" + entry.first + "' is not a valid name (1 to " +
+                     std::to_string(kMaxExtraNameLength) + " characters of A-Z, a-z, 0-9, '_', '-')");
+    }
+    extra_names += entry.first + "\n";
+  }
   torch::serialize::OutputArchive model, optimizer, amp_state, all;
   checked(path, "cannot save it: ", [&] {
     state.save_model(model);
@@ -191,6 +234,10 @@ void save_checkpoint(const std::string& path, State& state) {
     write_entry(all, "model", serialized(model));
     write_entry(all, "optimizer", serialized(optimizer));
     write_entry(all, "amp", serialized(amp_state));
+    if (!extras.empty()) {
+      write_entry(all, kExtrasPart, extra_names);
+      for (const auto& [name, bytes] : extras) write_entry(all, kExtraPrefix + name, bytes);
+    }
   });
   try {
     save_archive_atomically(all, path);
@@ -199,7 +246,7 @@ void save_checkpoint(const std::string& path, State& state) {
   }
 }
 
-void load_checkpoint(const std::string& path, State& state) {
+void load_checkpoint(const std::string& path, State& state, CheckpointExtras* extras) {
   Parts parts;
   read_parts(path, state.device(), parts);
   const std::string loading = type_name(state.optimizer());
@@ -228,6 +275,7 @@ void load_checkpoint(const std::string& path, State& state) {
     for (auto& [dest, value] : model_copies) dest.copy_(value);
   }
   state.load(parts.amp);
+  if (extras != nullptr) *extras = std::move(parts.extras);
 }
 
 }  // namespace amp::detail

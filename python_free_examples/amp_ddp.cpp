@@ -6,6 +6,7 @@
 // Order matters: amp::initialize first (it may cast the model), then DDP over the initialized module, and the
 // forward runs through the amp policy: model.call(ddp.forward, images).
 #include <memory>
+#include <optional>
 
 #include <amp/amp.h>
 #include <amp/fused_optimizers.h>
@@ -73,8 +74,9 @@ int main(int argc, char** argv) {
     auto initialized = amp::initialize(net, *inner, options);
     auto& model = initialized.model;  // (not a structured binding: the step lambda captures them)
     auto& optimizer = initialized.optimizer;
-    if (!flags.resume.empty()) {  // model + optimizer + amp
-      examples::load_resume_checkpoint(flags.resume, [&] { amp::load_checkpoint(flags.resume, model, optimizer); });
+    std::optional<examples::RunState> saved;  // the run state travels in the amp checkpoint as an extra
+    if (!flags.resume.empty()) {              // model + optimizer + amp
+      saved = examples::load_amp_checkpoint(flags.resume, model, optimizer);
     }
     // Data and --resume are read before joining the group: a bad file is this rank's own one-line error.
     ddp::InitOptions init;
@@ -83,6 +85,11 @@ int main(int argc, char** argv) {
     const examples::Rank rank{group.rank(), group.size()};
     // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
     if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
+    const int64_t train_samples = data.train.images.size(0);
+    examples::TrainingPosition position;
+    if (!flags.resume.empty()) {
+      position = examples::resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
+    }
     ddp::DistributedDataParallel ddp(net, group);
     optimizer.attach(ddp);  // each bucket is unscaled and checked as soon as its allreduce completes
     if (rank.rank == 0) {
@@ -91,32 +98,33 @@ int main(int argc, char** argv) {
                  amp_flags.optimizer, ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "");
     }
 
-    for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
-      const double loss = examples::train_epoch(
-          data.train, epoch, flags.epochs, flags.batch_size, device, rank,
-          [&](const torch::Tensor& images, const torch::Tensor& labels) {
-            optimizer.zero_grad();
-            auto out = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, images);
-            auto l = torch::cross_entropy_loss(out, labels);
-            {
-              auto scaled = amp::scale_loss(l, optimizer);
-              scaled.backward();  // DDP averages the scaled gradients; amp unscales and checks each bucket
-            }
-            optimizer.step();  // skipped on the device when a gradient overflowed
-            return l;
-          });
-      if (rank.rank == 0) {
-        examples::print_epoch_result(
-            epoch, flags.epochs, loss,
-            examples::test_accuracy(
-                *net, [&](const torch::Tensor& x) { return model.forward(x); }, data.test, device));
+    const auto save = [&](const examples::TrainingPosition& at) {
+      const auto run = examples::capture_run_state(flags, rank.world_size, train_samples, at);
+      examples::save_amp_checkpoint(flags.save, model, optimizer, run);
+    };
+    examples::Loop loop;
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
+      optimizer.zero_grad();
+      auto out = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, images);
+      auto l = torch::cross_entropy_loss(out, labels);
+      {
+        auto scaled = amp::scale_loss(l, optimizer);
+        scaled.backward();  // DDP averages the scaled gradients; amp unscales and checks each bucket
       }
-    }
+      optimizer.step();  // skipped on the device when a gradient overflowed
+      return l;
+    };
+    loop.save = save;
+    loop.end_epoch = [&](int64_t epoch, double loss) {
+      if (rank.rank != 0) return;
+      examples::print_epoch_result(
+          static_cast<int>(epoch), flags.epochs, loss,
+          examples::test_accuracy(
+              *net, [&](const torch::Tensor& x) { return model.forward(x); }, data.test, device));
+    };
+    const auto end = examples::train_epochs(flags, data.train, device, rank, position, loop);
     examples::check_replicas_if_asked(ddp_flags, *net, group);  // the model's weights (half under O2)
-    if (rank.rank == 0 && !flags.save.empty()) {
-      amp::save_checkpoint(flags.save, model, optimizer);
-      fmt::print("saved model, optimizer and amp state to {}\n", flags.save);
-    }
+    if (rank.rank == 0 && examples::final_save_needed(flags, position, end)) save(end);
     group.barrier();
   });
 }

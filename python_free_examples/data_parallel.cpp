@@ -63,12 +63,18 @@ int main(int argc, char** argv) {
                                     amp::Options()
                                         .opt_level(amp::parse_opt_level(opt_level))
                                         .half_dtype(device.is_cuda() ? at::kHalf : at::kBFloat16)));
-      if (!flags.resume.empty()) {
-        examples::load_resume_checkpoint(flags.resume,
-                                         [&] { amp::load_checkpoint(flags.resume, mixed->model, mixed->optimizer); });
-      }
+    }
+    // The run state (position, generator) travels in amp checkpoints as an extra, in plain ones as a part.
+    std::optional<examples::RunState> saved;
+    if (!flags.resume.empty() && mixed) {
+      saved = examples::load_amp_checkpoint(flags.resume, mixed->model, mixed->optimizer);
     } else if (!flags.resume.empty()) {
-      examples::load_checkpoint(flags.resume, *net, sgd);
+      saved = examples::load_checkpoint(flags.resume, *net, sgd);
+    }
+    const int64_t train_samples = data.train.images.size(0);
+    examples::TrainingPosition position;
+    if (!flags.resume.empty()) {
+      position = examples::resume_position(flags.resume, saved, flags, 1, train_samples, examples::Rank{});
     }
     ddp::DataParallel<examples::SmallCnnImpl> dp(net,
                                                  ddp::DataParallelOptions().devices(devices).output_device(gather_on));
@@ -77,30 +83,37 @@ int main(int argc, char** argv) {
       return dp.forward(images);
     };
 
-    for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
-      const double loss =
-          examples::train_epoch(data.train, epoch, flags.epochs, flags.batch_size, device, examples::Rank{},
-                                [&](const torch::Tensor& images, const torch::Tensor& labels) {
-                                  auto out = forward(images);
-                                  auto l = torch::cross_entropy_loss(out, labels.to(out.device()));
-                                  if (mixed) {
-                                    mixed->optimizer.zero_grad();
-                                    {
-                                      auto scaled = amp::scale_loss(l, mixed->optimizer);
-                                      scaled.backward();  // replicas' gradients flow back into the module
-                                    }
-                                    mixed->optimizer.step();
-                                  } else {
-                                    sgd.zero_grad();
-                                    l.backward();  // gradients of all replicas flow back into the module
-                                    sgd.step();
-                                  }
-                                  return l;
-                                });
-      examples::print_epoch_result(epoch, flags.epochs, loss,
+    examples::Loop loop;
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
+      auto out = forward(images);
+      auto l = torch::cross_entropy_loss(out, labels.to(out.device()));
+      if (mixed) {
+        mixed->optimizer.zero_grad();
+        {
+          auto scaled = amp::scale_loss(l, mixed->optimizer);
+          scaled.backward();  // replicas' gradients flow back into the module
+        }
+        mixed->optimizer.step();
+      } else {
+        sgd.zero_grad();
+        l.backward();  // gradients of all replicas flow back into the module
+        sgd.step();
+      }
+      return l;
+    };
+    loop.save = [&](const examples::TrainingPosition& at) {
+      const auto run = examples::capture_run_state(flags, 1, train_samples, at);
+      if (mixed) {
+        examples::save_amp_checkpoint(flags.save, mixed->model, mixed->optimizer, run);
+      } else {
+        examples::save_checkpoint(flags.save, *net, sgd, run);
+      }
+    };
+    loop.end_epoch = [&](int64_t epoch, double loss) {
+      examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
                                    examples::test_accuracy(*net, forward, data.test, device));
-    }
-    if (!flags.save.empty() && mixed) amp::save_checkpoint(flags.save, mixed->model, mixed->optimizer);
-    if (!flags.save.empty() && !mixed) examples::save_checkpoint(flags.save, *net, sgd);
+    };
+    const auto end = examples::train_epochs(flags, data.train, device, examples::Rank{}, position, loop);
+    if (examples::final_save_needed(flags, position, end)) loop.save(end);
   });
 }

@@ -24,21 +24,31 @@ int main(int argc, char** argv) {
     model->to(device);
     torch::optim::SGD optimizer(model->parameters(),
                                 torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));
-    if (!flags.resume.empty()) examples::load_checkpoint(flags.resume, *model, optimizer);
-    auto forward = [&](const torch::Tensor& images) { return model->forward(images); };
-    for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
-      const double loss =
-          examples::train_epoch(data.train, epoch, flags.epochs, flags.batch_size, device, examples::Rank{},
-                                [&](const torch::Tensor& images, const torch::Tensor& labels) {
-                                  optimizer.zero_grad();
-                                  auto l = torch::cross_entropy_loss(forward(images), labels);
-                                  l.backward();
-                                  optimizer.step();
-                                  return l;
-                                });
-      examples::print_epoch_result(epoch, flags.epochs, loss,
-                                   examples::test_accuracy(*model, forward, data.test, device));
+    const int64_t train_samples = data.train.images.size(0);
+    examples::TrainingPosition position;
+    if (!flags.resume.empty()) {
+      const auto saved = examples::load_checkpoint(flags.resume, *model, optimizer);
+      position = examples::resume_position(flags.resume, saved, flags, 1, train_samples, examples::Rank{});
     }
-    if (!flags.save.empty()) examples::save_checkpoint(flags.save, *model, optimizer);
+    auto forward = [&](const torch::Tensor& images) { return model->forward(images); };
+    auto save = [&](const examples::TrainingPosition& at) {
+      examples::save_checkpoint(flags.save, *model, optimizer,
+                                examples::capture_run_state(flags, 1, train_samples, at));
+    };
+    examples::Loop loop;
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
+      optimizer.zero_grad();
+      auto l = torch::cross_entropy_loss(forward(images), labels);
+      l.backward();
+      optimizer.step();
+      return l;
+    };
+    loop.save = save;
+    loop.end_epoch = [&](int64_t epoch, double loss) {
+      examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
+                                   examples::test_accuracy(*model, forward, data.test, device));
+    };
+    const auto end = examples::train_epochs(flags, data.train, device, examples::Rank{}, position, loop);
+    if (examples::final_save_needed(flags, position, end)) save(end);
   });
 }

@@ -1,5 +1,6 @@
 #include "common/ddp_worker.h"
 
+#include <optional>
 #include <stdexcept>
 
 #include <ddp/distributed_data_parallel.h>
@@ -57,7 +58,8 @@ void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::
   SmallCnn net(SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
   net->to(device);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(kSgdMomentum));
-  if (!flags.resume.empty()) load_checkpoint(flags.resume, *net, optimizer);
+  std::optional<RunState> saved;
+  if (!flags.resume.empty()) saved = load_checkpoint(flags.resume, *net, optimizer);
 
   if (device.is_cuda()) init.cuda_device(device.index());
   ddp::ProcessGroup group = ddp::init_process_group(init.backend(backend_for(device)));
@@ -69,26 +71,35 @@ void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::
                rank.world_size, group.backend_name(), device.str(), data.train.images.size(0), data.test.images.size(0),
                ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "");
   }
+  const int64_t train_samples = data.train.images.size(0);
+  TrainingPosition position;
+  if (!flags.resume.empty()) {
+    position = resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
+  }
   ddp::DistributedDataParallel ddp(net, group);
 
-  for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
-    const double loss = train_epoch(data.train, epoch, flags.epochs, flags.batch_size, device, rank,
-                                    [&](const torch::Tensor& images, const torch::Tensor& labels) {
-                                      optimizer.zero_grad();
-                                      auto l = torch::cross_entropy_loss(ddp.forward(images), labels);
-                                      l.backward();  // returns with gradients averaged over the ranks
-                                      optimizer.step();
-                                      return l;
-                                    });
-    // Rank 0 alone evaluates, on the module itself: ddp.forward() is collective.
-    if (rank.rank == 0) {
-      print_epoch_result(epoch, flags.epochs, loss,
-                         test_accuracy(
-                             *net, [&](const torch::Tensor& x) { return net->forward(x); }, data.test, device));
-    }
-  }
+  const auto save = [&](const TrainingPosition& at) {
+    save_checkpoint(flags.save, *net, optimizer, capture_run_state(flags, rank.world_size, train_samples, at));
+  };
+  Loop loop;
+  loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
+    optimizer.zero_grad();
+    auto l = torch::cross_entropy_loss(ddp.forward(images), labels);
+    l.backward();  // returns with gradients averaged over the ranks
+    optimizer.step();
+    return l;
+  };
+  loop.save = save;
+  // Rank 0 alone evaluates, on the module itself: ddp.forward() is collective.
+  loop.end_epoch = [&](int64_t epoch, double loss) {
+    if (rank.rank != 0) return;
+    print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
+                       test_accuracy(
+                           *net, [&](const torch::Tensor& x) { return net->forward(x); }, data.test, device));
+  };
+  const TrainingPosition end = train_epochs(flags, data.train, device, rank, position, loop);
   check_replicas_if_asked(ddp_flags, *net, group);
-  if (rank.rank == 0 && !flags.save.empty()) save_checkpoint(flags.save, *net, optimizer);
+  if (rank.rank == 0 && final_save_needed(flags, position, end)) save(end);
   group.barrier();  // nobody leaves (and tears the group down) while rank 0 is still evaluating or saving
 }
 

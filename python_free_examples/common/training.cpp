@@ -6,8 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <amp/atomic_file.h>
 #include <fmt/format.h>
@@ -34,7 +39,14 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--limit-train", flags.limit_train, "Train on the first N samples only (0: all)");
   app.add_option("--device", flags.device, "auto, cpu, cuda or cuda:N");
   app.add_option("--save", flags.save, "Write a checkpoint here after training (rank 0), atomically");
-  app.add_option("--resume", flags.resume, "Start from this checkpoint");
+  app.add_option("--save-every", flags.save_every,
+                 "Also write --save every K optimizer steps of the run (counted over resumes), not only at the end");
+  app.add_option("--resume", flags.resume,
+                 "Continue the run this checkpoint was saved from, at its epoch and batch (same --seed, --batch-size, "
+                 "processes and training samples)");
+  app.add_option("--stop-after-steps", flags.stop_after_steps,
+                 "For testing resumption: stop after S optimizer steps of this process, mid-epoch if it falls there, "
+                 "and write --save");
 }
 
 std::optional<int> parse_flags(CLI::App& app, int argc, char** argv) {
@@ -69,6 +81,11 @@ void check_common_flags(const CommonFlags& flags) {
   if (flags.limit_train < 0) {
     throw std::invalid_argument(fmt::format("--limit-train must be 0 (all) or positive, got {}", flags.limit_train));
   }
+  if (flags.save_every) {
+    require_positive("--save-every", *flags.save_every);
+    if (flags.save.empty()) throw std::invalid_argument("--save-every needs --save (the checkpoint it writes)");
+  }
+  if (flags.stop_after_steps) require_positive("--stop-after-steps", *flags.stop_after_steps);
   struct stat info {};
   if (!flags.resume.empty()) {
     if (::stat(flags.resume.c_str(), &info) != 0) {
@@ -133,7 +150,7 @@ torch::Device pick_device(const std::string& name, int local_rank) {
 }
 
 double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
-                   const Rank& rank, const StepFn& step) {
+                   const Rank& rank, const StepFn& step, int64_t first_batch, const AfterStepFn& after_step) {
   const auto n = static_cast<size_t>(train.images.size(0));
   torch::data::samplers::DistributedRandomSampler sampler(n, static_cast<size_t>(rank.world_size),
                                                           static_cast<size_t>(rank.rank));
@@ -148,23 +165,204 @@ double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch
 
   const auto start = std::chrono::steady_clock::now();
   double loss_sum = 0.0;
-  for (int64_t s = 0; s < steps; ++s) {
+  const int64_t first = std::clamp<int64_t>(first_batch, 0, steps);
+  int64_t ran = 0;  // batches run by this call
+  for (int64_t s = first; s < steps; ++s) {
     auto idx = order.slice(0, s * batch_size, std::min(local, (s + 1) * batch_size));
     auto images = train.images.index_select(0, idx).to(device, /*non_blocking=*/true);
     auto labels = train.labels.index_select(0, idx).to(device, /*non_blocking=*/true);
     loss_sum += step(images, labels).item<double>();  // the progress line needs it; one sync per step
-    if (rank.rank == 0 && ((s + 1) % redraw_every == 0 || s + 1 == steps)) {
+    ++ran;
+    const bool go_on = !after_step || after_step(s + 1, steps);
+    if (rank.rank == 0 && ((s + 1) % redraw_every == 0 || s + 1 == steps || !go_on)) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const auto seen = static_cast<double>(std::min(local, (s + 1) * batch_size) * rank.world_size);
+      const auto seen =
+          static_cast<double>((std::min(local, (s + 1) * batch_size) - first * batch_size) * rank.world_size);
       const int filled = static_cast<int>(kProgressWidth * (s + 1) / steps);
       fmt::print("\repoch {}/{} [{}{}] {}/{} loss {:.4f} | {:.0f} samples/s", epoch, epochs, std::string(filled, '#'),
-                 std::string(kProgressWidth - filled, '.'), s + 1, steps, loss_sum / static_cast<double>(s + 1),
+                 std::string(kProgressWidth - filled, '.'), s + 1, steps, loss_sum / static_cast<double>(ran),
                  seen / seconds);
       std::fflush(stdout);
     }
+    if (!go_on) break;
   }
   if (rank.rank == 0) fmt::print("\n");
-  return steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0;
+  return ran > 0 ? loss_sum / static_cast<double>(ran) : 0.0;
+}
+
+namespace {
+
+constexpr int64_t kRunStateVersion = 1;
+
+int64_t read_int(torch::serialize::InputArchive& archive, const char* key) {
+  torch::Tensor value;
+  if (!archive.try_read(key, value) || value.numel() != 1 || value.scalar_type() != torch::kInt64) {
+    throw std::runtime_error(fmt::format("its run state has no valid '{}'", key));
+  }
+  return value.item<int64_t>();
+}
+
+void write_run_state(torch::serialize::OutputArchive& archive, const RunState& state) {
+  int64_t seed_bits = 0;
+  std::memcpy(&seed_bits, &state.seed, sizeof seed_bits);  // uint64 stored in int64, bit for bit
+  const std::pair<const char*, int64_t> values[] = {{"version", kRunStateVersion},
+                                                    {"epoch", state.position.epoch},
+                                                    {"batches_done", state.position.batches_done},
+                                                    {"steps", state.position.steps},
+                                                    {"seed", seed_bits},
+                                                    {"batch_size", state.batch_size},
+                                                    {"world_size", state.world_size},
+                                                    {"train_samples", state.train_samples}};
+  for (const auto& [key, value] : values) archive.write(key, torch::tensor({value}, torch::kInt64));
+  archive.write("cpu_generator_state", state.cpu_generator_state);
+}
+
+RunState read_run_state(torch::serialize::InputArchive& archive) {
+  RunState state;
+  const int64_t version = read_int(archive, "version");
+  if (version != kRunStateVersion) {
+    throw std::runtime_error(
+        fmt::format("its run state has version {}; this build reads {}", version, kRunStateVersion));
+  }
+  state.position.epoch = read_int(archive, "epoch");
+  state.position.batches_done = read_int(archive, "batches_done");
+  state.position.steps = read_int(archive, "steps");
+  const int64_t seed_bits = read_int(archive, "seed");
+  std::memcpy(&state.seed, &seed_bits, sizeof seed_bits);
+  state.batch_size = read_int(archive, "batch_size");
+  state.world_size = read_int(archive, "world_size");
+  state.train_samples = read_int(archive, "train_samples");
+  if (state.position.epoch < 1 || state.position.batches_done < 0 || state.position.steps < 0 || state.batch_size < 1 ||
+      state.world_size < 1 || state.train_samples < 0) {
+    throw std::runtime_error(fmt::format(
+        "its run state is malformed (epoch {}, batches done {}, steps {}, batch size {}, world size {}, samples {})",
+        state.position.epoch, state.position.batches_done, state.position.steps, state.batch_size, state.world_size,
+        state.train_samples));
+  }
+  if (!archive.try_read("cpu_generator_state", state.cpu_generator_state) ||
+      state.cpu_generator_state.scalar_type() != torch::kByte) {
+    throw std::runtime_error("its run state has no valid 'cpu_generator_state'");
+  }
+  return state;
+}
+
+}  // namespace
+
+RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t train_samples,
+                           const TrainingPosition& position) {
+  RunState state;
+  state.position = position;
+  state.seed = flags.seed;
+  state.batch_size = flags.batch_size;
+  state.world_size = world_size;
+  state.train_samples = train_samples;
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  state.cpu_generator_state = generator.get_state();
+  return state;
+}
+
+std::string encode_run_state(const RunState& state) {
+  torch::serialize::OutputArchive archive;
+  write_run_state(archive, state);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return bytes.str();
+}
+
+RunState decode_run_state(const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(bytes.data(), bytes.size());
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(std::string("its run state cannot be read (") + e.what_without_backtrace() + ")");
+  }
+  return read_run_state(archive);
+}
+
+TrainingPosition resume_position(const std::string& path, const std::optional<RunState>& saved,
+                                 const CommonFlags& flags, int64_t world_size, int64_t train_samples,
+                                 const Rank& rank) {
+  if (!saved) {
+    if (rank.rank == 0) {
+      fmt::print(
+          "--resume '{}' holds no training position (saved before checkpoints recorded one): training starts "
+          "at epoch 1\n",
+          path);
+    }
+    return {};
+  }
+  const auto differs = [&](const std::string& what) {
+    return std::invalid_argument(
+        fmt::format("--resume '{}': {} (a resume continues the run it was saved from)", path, what));
+  };
+  if (saved->seed != flags.seed) {
+    throw differs(
+        fmt::format("the checkpoint was made with --seed {}, this run has --seed {}", saved->seed, flags.seed));
+  }
+  if (saved->batch_size != flags.batch_size) {
+    throw differs(fmt::format("the checkpoint was made with --batch-size {}, this run has --batch-size {}",
+                              saved->batch_size, flags.batch_size));
+  }
+  if (saved->world_size != world_size) {
+    throw differs(
+        fmt::format("the checkpoint was made by {} process(es), this run has {} (--nproc, "
+                    "--nproc-per-node x --nnodes)",
+                    saved->world_size, world_size));
+  }
+  if (saved->train_samples != train_samples) {
+    throw differs(
+        fmt::format("the checkpoint was made on {} training samples, this run has {} (--limit-train, "
+                    "--synthetic, --data)",
+                    saved->train_samples, train_samples));
+  }
+  try {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved->cpu_generator_state);
+  } catch (const c10::Error& e) {
+    throw std::invalid_argument(fmt::format("--resume '{}': its CPU generator state does not load: {}", path,
+                                            one_line(e.what_without_backtrace())));
+  }
+  if (rank.rank == 0) {
+    fmt::print("resuming at epoch {}, batch {} of it (step {} of the run)\n", saved->position.epoch,
+               saved->position.batches_done, saved->position.steps);
+  }
+  return saved->position;
+}
+
+TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
+                              const Rank& rank, TrainingPosition position, const Loop& loop) {
+  if (position.epoch > flags.epochs && rank.rank == 0) {
+    fmt::print("the run is past epoch {} already (--epochs {}): nothing left to train\n", position.epoch - 1,
+               flags.epochs);
+  }
+  int64_t steps_here = 0;
+  bool stop = false;
+  while (position.epoch <= flags.epochs && !stop) {
+    const int64_t epoch = position.epoch;
+    const double loss =
+        train_epoch(train, static_cast<int>(epoch), flags.epochs, flags.batch_size, device, rank, loop.step,
+                    position.batches_done, [&](int64_t batches_done, int64_t batches_in_epoch) {
+                      ++position.steps;
+                      ++steps_here;
+                      position.batches_done = batches_done;
+                      if (batches_done >= batches_in_epoch) position = {epoch + 1, 0, position.steps};
+                      if (rank.rank == 0 && flags.save_every && position.steps % *flags.save_every == 0) {
+                        fmt::print("\n");  // below the progress line
+                        loop.save(position);
+                      }
+                      stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;
+                      return !stop;
+                    });
+    if (!stop && position.epoch == epoch) position = {epoch + 1, 0, position.steps};  // an epoch without batches
+    if (position.epoch > epoch && loop.end_epoch) loop.end_epoch(epoch, loss);
+  }
+  if (stop && rank.rank == 0) {
+    fmt::print("stopped after {} step(s) (--stop-after-steps), at epoch {}, batch {} of it (step {} of the run)\n",
+               steps_here, position.epoch, position.batches_done, position.steps);
+  }
+  return position;
 }
 
 double test_accuracy(torch::nn::Module& module, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
@@ -186,17 +384,27 @@ void print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy
   fmt::print("epoch {}/{}: mean loss {:.4f} | test accuracy {:.2f}%\n", epoch, epochs, mean_loss, 100.0 * accuracy);
 }
 
-void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
-  module.save(model_archive);
-  optimizer.save(optimizer_archive);
-  archive.write("model", model_archive);
-  archive.write("optimizer", optimizer_archive);
-  amp::save_archive_atomically(archive, path);
-  fmt::print("saved model and optimizer to {}\n", path);
+bool final_save_needed(const CommonFlags& flags, const TrainingPosition& start, const TrainingPosition& end) {
+  const bool saved_by_save_every = flags.save_every && end.steps > start.steps && end.steps % *flags.save_every == 0;
+  return !flags.save.empty() && !saved_by_save_every;
 }
 
-void load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                     const RunState& run) {
+  torch::serialize::OutputArchive archive, model_archive, optimizer_archive, run_archive;
+  module.save(model_archive);
+  optimizer.save(optimizer_archive);
+  write_run_state(run_archive, run);
+  archive.write("model", model_archive);
+  archive.write("optimizer", optimizer_archive);
+  archive.write("run_state", run_archive);
+  amp::save_archive_atomically(archive, path);
+  fmt::print("saved model, optimizer and training position to {}\n", path);
+}
+
+std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
+                                        torch::optim::Optimizer& optimizer) {
+  std::optional<RunState> run;
   load_resume_checkpoint(path, [&] {
     torch::serialize::InputArchive archive, model_archive, optimizer_archive;
     try {
@@ -210,9 +418,12 @@ void load_checkpoint(const std::string& path, torch::nn::Module& module, torch::
         throw std::runtime_error(fmt::format("no '{}' part: not a checkpoint written by --save of this example", key));
       }
     }
+    torch::serialize::InputArchive run_archive;
+    if (archive.try_read("run_state", run_archive)) run = read_run_state(run_archive);  // absent in older files
     module.load(model_archive);
     optimizer.load(optimizer_archive);
   });
+  return run;
 }
 
 void load_resume_checkpoint(const std::string& path, const std::function<void()>& load) {

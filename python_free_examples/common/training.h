@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include <amp/amp.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
@@ -19,7 +21,7 @@ namespace examples {
 constexpr double kSgdMomentum = 0.9;
 
 /// The flags every example takes (--epochs, --batch-size, --lr, --seed, --device, --synthetic, --data,
-/// --limit-train, --save, --resume).
+/// --limit-train, --save, --save-every, --resume, --stop-after-steps).
 struct CommonFlags {
   std::string data_dir = kDefaultFashionMnistDir;
   bool synthetic = false;
@@ -29,8 +31,10 @@ struct CommonFlags {
   uint64_t seed = 0;
   int64_t limit_train = 0;  // 0: the whole training split
   std::string device = "auto";
-  std::string save;    // checkpoint written after the last epoch (rank 0); empty: none
-  std::string resume;  // checkpoint read before training; empty: start fresh
+  std::string save;                         // checkpoint written after the last epoch (rank 0); empty: none
+  std::string resume;                       // checkpoint read before training; empty: start fresh
+  std::optional<int64_t> save_every;        // also write --save every K optimizer steps of the run (rank 0)
+  std::optional<int64_t> stop_after_steps;  // for testing resumption: stop after S steps of this process
 };
 
 /// Registers CommonFlags on `app`. Values are checked after parsing by check_common_flags (CLI11's own range
@@ -43,8 +47,9 @@ void add_common_flags(CLI::App& app, CommonFlags& flags);
 std::optional<int> parse_flags(CLI::App& app, int argc, char** argv);
 
 /// Checks what CLI11 cannot say well: --epochs and --batch-size positive, --lr positive and finite, --limit-train
-/// not negative, --resume an existing file, --save's folder existing. Throws std::invalid_argument naming the flag
-/// and its value. Called before anything is loaded or written.
+/// not negative, --save-every and --stop-after-steps positive when given, --save-every only with --save, --resume
+/// an existing file, --save's folder existing. Throws std::invalid_argument naming the flag and its value. Called
+/// before anything is loaded or written.
 void check_common_flags(const CommonFlags& flags);
 
 /// Throws std::invalid_argument("<flag> must be a positive integer, got <value>") unless value > 0.
@@ -73,12 +78,76 @@ struct Rank {
   int world_size = 1;
 };
 
+/// Called after each step with the batches of the epoch done so far and the epoch's number of batches; returns
+/// false to end the epoch there.
+using AfterStepFn = std::function<bool(int64_t batches_done, int64_t batches_in_epoch)>;
+
 /// Runs one epoch over this rank's shard of `train` (torch::data::samplers::DistributedRandomSampler with
 /// set_epoch(epoch), so every rank shuffles alike and the shards are disjoint), in batches of `batch_size`
-/// moved to `device`. Rank 0 prints a progress line with the mean loss and the job's samples/s (all ranks).
-/// Returns the mean loss of this rank's batches.
+/// moved to `device`, starting at batch `first_batch` of the epoch's order (the batches before it were done by the
+/// run a --resume continues). Rank 0 prints a progress line with the mean loss and the job's samples/s (all ranks).
+/// Returns the mean loss of the batches this call ran.
 double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
-                   const Rank& rank, const StepFn& step);
+                   const Rank& rank, const StepFn& step, int64_t first_batch = 0, const AfterStepFn& after_step = {});
+
+/// Where a run stands, recorded in every checkpoint so that a resumed run continues exactly where the saved one
+/// stood (docs/examples.md, "Resuming").
+struct TrainingPosition {
+  int64_t epoch = 1;         // the epoch in progress (1-based)
+  int64_t batches_done = 0;  // of that epoch, in its shuffled order; always below the epoch's number of batches
+  int64_t steps = 0;         // optimizer steps since the run began, over every resume (--save-every counts these)
+};
+
+/// What a checkpoint records beside model and optimizer: the position, what fixes the data order (checked on
+/// resume: --seed, --batch-size, the number of processes and of training samples), and torch's default CPU
+/// generator.
+struct RunState {
+  TrainingPosition position;
+  uint64_t seed = 0;
+  int64_t batch_size = 0;
+  int64_t world_size = 1;
+  int64_t train_samples = 0;
+  torch::Tensor cpu_generator_state;  // uint8, torch's default CPU generator (at::Generator::get_state)
+};
+
+/// The state of a run of `flags` on `world_size` processes over `train_samples` samples, now at `position`, with
+/// the default CPU generator as it is now.
+RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t train_samples,
+                           const TrainingPosition& position);
+
+/// RunState as bytes (a torch archive) and back: what amp_ddp keeps as an amp::CheckpointExtras entry. decode
+/// throws std::runtime_error naming what is missing or malformed.
+std::string encode_run_state(const RunState& state);
+RunState decode_run_state(const std::string& bytes);
+/// The name of that entry in amp checkpoints.
+constexpr const char* kRunStateExtra = "examples_run_state";
+
+/// Where to start after loading `saved` from the --resume checkpoint `path` (nullopt: the file, written before
+/// checkpoints recorded it, has no run state, and training starts at epoch 1). Throws std::invalid_argument
+/// "--resume 'path': ..." naming the flag when the run would not continue the saved one: another --seed,
+/// --batch-size, number of processes or number of training samples. Restores the default CPU generator, and rank 0
+/// prints where training continues.
+TrainingPosition resume_position(const std::string& path, const std::optional<RunState>& saved,
+                                 const CommonFlags& flags, int64_t world_size, int64_t train_samples, const Rank& rank);
+
+/// The example's part of a training run: the step, saving and evaluation.
+struct Loop {
+  StepFn step;
+  /// Writes --save with the run at `position` (called on rank 0 only).
+  std::function<void(const TrainingPosition& position)> save;
+  /// After each whole epoch: its number and the mean loss of this process's batches of it.
+  std::function<void(int64_t epoch, double mean_loss)> end_epoch;
+};
+
+/// Trains from `position` to the end of epoch --epochs with train_epoch, calling `loop.save` on rank 0 every
+/// --save-every steps of the run. Stops early after --stop-after-steps steps of this process (the run is then
+/// mid-way, as if interrupted). Returns the position reached; the caller writes the final --save with it.
+TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
+                              const Rank& rank, TrainingPosition position, const Loop& loop);
+
+/// Whether the run that went from `start` to `end` (train_epochs) must still write --save: it was given, and no
+/// --save-every save wrote `end` already (a run stopped by --stop-after-steps on a multiple of --save-every).
+bool final_save_needed(const CommonFlags& flags, const TrainingPosition& start, const TrainingPosition& end);
 
 /// Fraction of `split` that `forward` classifies correctly, in eval mode on `module` (restored to train mode
 /// after). Local: no collectives.
@@ -88,12 +157,38 @@ double test_accuracy(torch::nn::Module& module, const std::function<torch::Tenso
 /// Prints "epoch E/N: ... test accuracy X%" (rank 0's line after its progress line).
 void print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy);
 
-/// Saves `module` and `optimizer` (a plain torch::optim optimizer) to one file, atomically
+/// Saves `module`, `optimizer` (a plain torch::optim optimizer) and `run` to one file, atomically
 /// (amp::save_archive_atomically): a writer stopped at any point leaves the previous file whole.
-void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
-/// Loads what save_checkpoint wrote. A file that is not such a checkpoint (random bytes, truncated, another
-/// model) throws std::invalid_argument "--resume 'path': ..." with the reason's first line.
-void load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                     const RunState& run);
+/// Loads what save_checkpoint wrote and returns its run state (nullopt for a file written before checkpoints held
+/// one). A file that is not such a checkpoint (random bytes, truncated, another model) throws
+/// std::invalid_argument "--resume 'path': ..." with the reason's first line.
+std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
+                                        torch::optim::Optimizer& optimizer);
+
+/// amp::save_checkpoint of `model` and `optimizer` with `run` as its extra kRunStateExtra (one file, atomically),
+/// and a line saying so.
+template <typename ModuleHolder>
+void save_amp_checkpoint(const std::string& path, const amp::Model<ModuleHolder>& model, amp::Optimizer& optimizer,
+                         const RunState& run) {
+  amp::save_checkpoint(path, model, optimizer, {{kRunStateExtra, encode_run_state(run)}});
+  fmt::print("saved model, optimizer, amp state and training position to {}\n", path);
+}
+/// amp::load_checkpoint of the --resume file `path` into `model` and `optimizer`, errors as one line naming --resume
+/// (load_resume_checkpoint). Returns the run state (nullopt for a file saved without one).
+template <typename ModuleHolder>
+std::optional<RunState> load_amp_checkpoint(const std::string& path, amp::Model<ModuleHolder>& model,
+                                            amp::Optimizer& optimizer) {
+  std::optional<RunState> run;
+  load_resume_checkpoint(path, [&] {
+    amp::CheckpointExtras extras;
+    amp::load_checkpoint(path, model, optimizer, extras);
+    const auto entry = extras.find(kRunStateExtra);
+    if (entry != extras.end()) run = decode_run_state(entry->second);
+  });
+  return run;
+}
 
 /// Runs `load` (which reads the --resume checkpoint `path`) and re-throws its failure as one line naming --resume
 /// and the path: "--resume 'path': <what was wrong>".

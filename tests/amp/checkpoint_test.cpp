@@ -1,6 +1,8 @@
 // amp::save_checkpoint / amp::load_checkpoint and LossScaler::load: the scaler state after a load, atomic writes,
 // checksums, and the error paths (one line, no backtrace, the file named, nothing changed).
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -446,6 +448,62 @@ TEST(CheckpointTest, AFlippedBitInTheOptimizerStateIsAnError) {
   flip_bit_inside(path, static_cast<torch::optim::SGDParamState&>(state).momentum_buffer());
   auto target = make_target(Kind::kSgd, 5);
   expect_refused(*target, path, "its 'optimizer' part fails its checksum");
+}
+
+// Note [checkpoint extras]: named byte strings travel in the same file, come back byte for byte (binary included),
+// are checked like the parts, and a file saved without any loads with none.
+TEST(CheckpointTest, ExtrasComeBackByteForByteAndAreChecksummed) {
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("ckpt.pt");
+  auto source = make_target(Kind::kFusedSgd, 6);
+  const std::string binary("a\0b\n\xff position", 14);
+  const amp::CheckpointExtras saved = {{"training_position", binary}, {"empty-one", ""}, {"Rng_2", "rng bytes"}};
+  amp::save_checkpoint(path, source->amp->model, source->amp->optimizer, saved);
+
+  auto target = make_target(Kind::kFusedSgd, 7);
+  amp::CheckpointExtras loaded = {{"stale", "must be replaced"}};
+  amp::load_checkpoint(path, target->amp->model, target->amp->optimizer, loaded);
+  EXPECT_EQ(loaded, saved);
+  EXPECT_TRUE(all_equal(clones(target->net->parameters()), clones(source->net->parameters())));
+  // The two-argument load reads the same file and ignores the extras.
+  amp::load_checkpoint(path, target->amp->model, target->amp->optimizer);
+
+  const std::string plain = dir.file("plain.pt");
+  save(*source, plain);
+  amp::load_checkpoint(plain, target->amp->model, target->amp->optimizer, loaded);
+  EXPECT_TRUE(loaded.empty());
+
+  // A flipped bit inside an extra fails its checksum, before anything changes.
+  const std::string payload(64, 'x');
+  const std::string flipped = dir.file("flipped.pt");
+  amp::save_checkpoint(flipped, source->amp->model, source->amp->optimizer, {{"payload", payload}});
+  std::string bytes = read_file(flipped);
+  const size_t at = bytes.find(payload);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + payload.size() / 2] ^= 0x10;
+  write_file(flipped, bytes);
+  auto untouched = make_target(Kind::kFusedSgd, 8);
+  expect_refused(*untouched, flipped, "its 'extra_payload' part fails its checksum");
+}
+
+TEST(CheckpointTest, AnExtraWithAnInvalidNameIsRefusedBeforeWriting) {
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("ckpt.pt");
+  auto source = make_target(Kind::kSgd, 2);
+  for (const std::string& name : {std::string(), std::string("has space"), std::string("new\nline"),
+                                  std::string("dot.ted"), std::string(65, 'a')}) {
+    SCOPED_TRACE("name '" + name + "'");
+    try {
+      amp::save_checkpoint(path, source->amp->model, source->amp->optimizer, {{name, "x"}});
+      ADD_FAILURE() << "saved an extra named '" << name << "'";
+    } catch (const c10::Error& e) {
+      const std::string message = e.what();
+      EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
+      EXPECT_NE(message.find("is not a valid name"), std::string::npos) << message;
+    }
+    struct stat info {};
+    EXPECT_NE(::stat(path.c_str(), &info), 0) << "a refused save wrote the file";
+  }
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ TEST_P(AtomicSaveTest, AnExampleStoppedWhileSavingLeavesTheOldCheckpointWholeAnd
     EXPECT_NE(stopped.exit_code(), 0) << "the write was not stopped: " << stopped.describe();
     EXPECT_EQ(example_test::read_file(save), old_bytes) << "the old checkpoint was damaged";
   }
-  const ProcessResult resumed = run({"--resume", save});
+  const ProcessResult resumed = run({"--seed", "1", "--resume", save});  // a resume continues its run: same seed
   EXPECT_EQ(resumed.exit_code(), 0) << "the old checkpoint does not load: " << resumed.describe();
 }
 

@@ -4,6 +4,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -74,6 +75,74 @@ TEST(CheckCommonFlagsTest, NamesTheFlagAndTheValue) {
   EXPECT_EQ(error_with([](auto& f) { f.save = "/nonexistent/model.pt"; }),
             "--save '/nonexistent/model.pt': the folder '/nonexistent' does not exist");
   EXPECT_EQ(error_with([](auto& f) { f.save = "/tmp"; }), "--save '/tmp': it is a folder, not a file");
+  EXPECT_EQ(error_with([](auto& f) { f.save_every = 0; }), "--save-every must be a positive integer, got 0");
+  EXPECT_EQ(error_with([](auto& f) { f.save_every = 3; }), "--save-every needs --save (the checkpoint it writes)");
+  EXPECT_EQ(error_with([](auto& f) { f.stop_after_steps = -1; }),
+            "--stop-after-steps must be a positive integer, got -1");
+  examples::CommonFlags saving_every;
+  saving_every.save = "/tmp/lta_model.pt";
+  saving_every.save_every = 3;
+  saving_every.stop_after_steps = 7;
+  examples::check_common_flags(saving_every);
+}
+
+// What a checkpoint records to resume exactly comes back from its bytes unchanged.
+TEST(RunStateTest, EncodesAndDecodesEveryField) {
+  examples::CommonFlags flags;
+  flags.seed = 0xfedcba9876543210ULL;  // above INT64_MAX: stored bit for bit
+  flags.batch_size = 48;
+  torch::manual_seed(11);
+  const auto state = examples::capture_run_state(flags, 4, 1234, examples::TrainingPosition{3, 7, 40});
+  const auto back = examples::decode_run_state(examples::encode_run_state(state));
+  EXPECT_EQ(back.position.epoch, 3);
+  EXPECT_EQ(back.position.batches_done, 7);
+  EXPECT_EQ(back.position.steps, 40);
+  EXPECT_EQ(back.seed, flags.seed);
+  EXPECT_EQ(back.batch_size, 48);
+  EXPECT_EQ(back.world_size, 4);
+  EXPECT_EQ(back.train_samples, 1234);
+  EXPECT_TRUE(torch::equal(back.cpu_generator_state, state.cpu_generator_state));
+  EXPECT_THROW(examples::decode_run_state("not an archive"), std::runtime_error);
+}
+
+// The CPU generator is part of the resume: after resume_position, torch's draws continue as in the saved run.
+TEST(RunStateTest, ResumeRestoresTheDefaultCpuGenerator) {
+  examples::CommonFlags flags;
+  torch::manual_seed(21);
+  torch::rand({5});
+  const auto state = examples::capture_run_state(flags, 1, 100, examples::TrainingPosition{2, 1, 9});
+  const torch::Tensor expected = torch::rand({5});
+  torch::manual_seed(22);
+  const auto position = examples::resume_position("x.pt", state, flags, 1, 100, examples::Rank{});
+  EXPECT_EQ(position.steps, 9);
+  EXPECT_TRUE(torch::equal(torch::rand({5}), expected));
+}
+
+TEST(TrainEpochsTest, SavesEveryKStepsOfTheRunAndStopsMidEpoch) {
+  examples::CommonFlags flags;
+  flags.epochs = 2;
+  flags.batch_size = 4;
+  flags.save = "unused";
+  flags.save_every = 3;
+  flags.stop_after_steps = 4;
+  examples::ImageSplit train{torch::zeros({20, 1, 28, 28}), torch::zeros({20}, torch::kInt64)};  // 5 batches
+  std::vector<int64_t> saved_at;
+  std::vector<int64_t> ended;
+  examples::Loop loop;
+  loop.step = [](const torch::Tensor&, const torch::Tensor&) { return torch::zeros({}); };
+  loop.save = [&](const examples::TrainingPosition& at) { saved_at.push_back(at.steps); };
+  loop.end_epoch = [&](int64_t epoch, double) { ended.push_back(epoch); };
+  // From step 2 (epoch 1, batch 2): steps 3..6 run; the save at step 3 is inside epoch 1, at 6 inside epoch 2.
+  const auto start = examples::TrainingPosition{1, 2, 2};
+  const auto end = examples::train_epochs(flags, train, torch::kCPU, examples::Rank{}, start, loop);
+  EXPECT_EQ(saved_at, (std::vector<int64_t>{3, 6}));
+  EXPECT_EQ(ended, (std::vector<int64_t>{1}));
+  EXPECT_EQ(end.epoch, 2);
+  EXPECT_EQ(end.batches_done, 1);
+  EXPECT_EQ(end.steps, 6);
+  EXPECT_FALSE(examples::final_save_needed(flags, start, end));  // step 6 was just saved
+  flags.save_every = 4;
+  EXPECT_TRUE(examples::final_save_needed(flags, start, end));
 }
 
 TEST(ParseFlagsTest, ABadCommandLineIsOneLineAndANonZeroStatus) {
