@@ -99,7 +99,9 @@ void verify_same_model_on_all_ranks(const ProcessGroup& pg, const torch::nn::Mod
   std::string mine;
   for (const auto& line : describe(module, options)) mine += line + "\n";
   const at::Tensor summary =
-      at::tensor({static_cast<int64_t>(fnv1a64(mine.data(), mine.size())), static_cast<int64_t>(mine.size())}, at::kLong).to(pg.device());
+      at::tensor({static_cast<int64_t>(fnv1a64(mine.data(), mine.size())), static_cast<int64_t>(mine.size())},
+                 at::kLong)
+          .to(pg.device());
   std::vector<at::Tensor> summaries = pg.allgather(summary);
   for (at::Tensor& s : summaries) s = s.cpu();
   int64_t longest = 0;

@@ -56,8 +56,8 @@ uint64_t check_replicas(const torch::nn::Module& module, const ProcessGroup& gro
     }
   }
   TORCH_CHECK(differing.empty(), "ddp::check_replicas: the replicas differ: rank(s) ", differing, " of ",
-              digests.size(), " hold ", include_buffers ? "parameters or buffers" : "parameters", " other than rank 0's (",
-              digest_hex(digests[0]), ")");
+              digests.size(), " hold ", include_buffers ? "parameters or buffers" : "parameters",
+              " other than rank 0's (", digest_hex(digests[0]), ")");
   return mine;
 }
 

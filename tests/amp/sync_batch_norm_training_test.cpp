@@ -2,6 +2,7 @@
 // with half of every batch, equals training the same amp setup in one process on the whole batch with BatchNorm.
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -24,21 +25,11 @@ constexpr int kWorld = 2;
 constexpr int kSteps = 20;
 constexpr int64_t kFullBatch = 16;
 constexpr int64_t kSide = 6;
-constexpr int64_t kClasses = 3;
+constexpr int64_t kClasses = 3;  // make_bn_cnn's outputs
 constexpr double kLr = 0.1;
 
-/// conv -> BatchNorm2d -> ReLU -> conv -> BatchNorm2d -> ReLU -> mean over space -> linear, in one Sequential (so
-/// that convert_sync_batch_norm replaces what forward runs).
-torch::nn::Sequential make_cnn(uint64_t seed) {
-  torch::manual_seed(seed);
-  return torch::nn::Sequential(
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)), torch::nn::BatchNorm2d(4), torch::nn::ReLU(),
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 6, 3).padding(1)), torch::nn::BatchNorm2d(6), torch::nn::ReLU(),
-      torch::nn::Functional([](const torch::Tensor& x) {
-        return x.mean({2, 3});
-      }),
-      torch::nn::Linear(6, kClasses));
-}
+/// The model: ddp_test::make_bn_cnn (two conv + BatchNorm2d + ReLU blocks, mean over space, linear to kClasses).
+using ddp_test::make_bn_cnn;
 
 /// The full batch of `step`, the same on every rank. Rank 0's half is centred at +1.5 and rank 1's at -1.5, so that
 /// each half's own batch statistics are far from the whole batch's: a SyncBatchNorm that normalized with local
@@ -76,19 +67,18 @@ std::vector<torch::Tensor> buffers_of(const torch::nn::Module& module) {
   return buffers;
 }
 
-/// The reference: BatchNorm2d, the whole batch, one process, the same amp setup.
-Trained train_single_process(amp::OptLevel level, uint64_t seed) {
-  auto net = make_cnn(seed);
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(kLr));
-  auto [model, optimizer] = amp::initialize(net, sgd, amp_options(level));
+/// Trains `net` (already under amp as `model`/`optimizer`) for kSteps on rows [offset, offset + count) of every
+/// batch, `forward` running the model; records parameters and buffers before and after.
+Trained train_steps(torch::nn::Module& net, amp::Optimizer& optimizer, uint64_t seed, int64_t offset, int64_t count,
+                    const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
   Trained t;
-  t.names = net->named_parameters().keys();
+  t.names = net.named_parameters().keys();
   t.initial = optimizer_params(optimizer);
-  t.initial_buffers = buffers_of(*net);
+  t.initial_buffers = buffers_of(net);
   for (int step = 0; step < kSteps; ++step) {
     const auto [x, y] = batch_of(seed, step);
     optimizer.zero_grad();
-    const auto loss = torch::cross_entropy_loss(model.forward(x), y);
+    const auto loss = torch::cross_entropy_loss(forward(x.narrow(0, offset, count)), y.narrow(0, offset, count));
     {
       auto scaled = amp::scale_loss(loss, optimizer);
       scaled.backward();
@@ -96,40 +86,35 @@ Trained train_single_process(amp::OptLevel level, uint64_t seed) {
     optimizer.step();
   }
   t.final = optimizer_params(optimizer);
-  t.buffers = buffers_of(*net);
+  t.buffers = buffers_of(net);
   return t;
+}
+
+/// The reference: BatchNorm2d, the whole batch, one process, the same amp setup.
+Trained train_single_process(amp::OptLevel level, uint64_t seed) {
+  auto net = make_bn_cnn(seed);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(kLr));
+  auto initialized = amp::initialize(net, sgd, amp_options(level));  // named: the lambdas capture its parts
+  auto& model = initialized.model;
+  auto& optimizer = initialized.optimizer;
+  return train_steps(*net, optimizer, seed, 0, kFullBatch, [&](const torch::Tensor& x) { return model.forward(x); });
 }
 
 /// One rank of the DDP run: the BatchNorms converted to SyncBatchNorm over `group`, then amp, then DDP with amp
 /// attached to its buckets (the order amp_ddp uses); each rank trains on its half of every batch.
 Trained train_rank(amp::OptLevel level, uint64_t seed, const ddp::ProcessGroup& group) {
-  auto net = make_cnn(seed);
+  auto net = make_bn_cnn(seed);
   ddp::convert_sync_batch_norm(net.ptr(), group, [](const std::string&) {});
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(kLr));
-  auto [model, optimizer] = amp::initialize(net, sgd, amp_options(level));
+  auto initialized = amp::initialize(net, sgd, amp_options(level));  // named: the lambdas capture its parts
+  auto& model = initialized.model;
+  auto& optimizer = initialized.optimizer;
   ddp::DistributedDataParallel ddp_net(net, group);
   optimizer.attach(ddp_net);
   const int64_t per_rank = kFullBatch / group.size();
-  const int64_t offset = per_rank * group.rank();
-  Trained t;
-  t.names = net->named_parameters().keys();
-  t.initial = optimizer_params(optimizer);
-  t.initial_buffers = buffers_of(*net);
-  for (int step = 0; step < kSteps; ++step) {
-    const auto [x, y] = batch_of(seed, step);
-    optimizer.zero_grad();
-    const auto out =
-        model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, x.narrow(0, offset, per_rank));
-    const auto loss = torch::cross_entropy_loss(out, y.narrow(0, offset, per_rank));
-    {
-      auto scaled = amp::scale_loss(loss, optimizer);
-      scaled.backward();
-    }
-    optimizer.step();
-  }
-  t.final = optimizer_params(optimizer);
-  t.buffers = buffers_of(*net);
-  return t;
+  return train_steps(*net, optimizer, seed, per_rank * group.rank(), per_rank, [&](const torch::Tensor& x) {
+    return model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, x);
+  });
 }
 
 // Tolerance (bf16). The two runs do not round alike: autocast (O1) and the bf16 model (O2) round every conv and
@@ -186,7 +171,8 @@ void check_against_reference(const Trained& mine, const Trained& ref, const std:
       continue;
     }
     const double movement = (b - ref.initial_buffers[i]).abs().max().item<double>();
-    const double tolerance = kMovementFraction * movement + kValueFraction * b.abs().max().item<double>() + kAbsoluteFloor;
+    const double tolerance =
+        kMovementFraction * movement + kValueFraction * b.abs().max().item<double>() + kAbsoluteFloor;
     const double diff = (mine.buffers[i] - b).abs().max().item<double>();
     TORCH_CHECK(diff <= tolerance, what, ": buffer ", i, " differs by ", diff, " > ", tolerance);
   }

@@ -19,6 +19,13 @@
 #include <ddp/spawn.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/functional.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 /// Skips the current test, with the reason, when this build has no Gloo backend (gloo's headers were missing).
 #define LTA_REQUIRE_GLOO()                                                                                         \
@@ -40,6 +47,19 @@ inline void run_ranks(const std::function<void(int, const ddp::ProcessGroup&)>& 
     const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(timeout));
     fn(rank, pg);
   });
+}
+
+/// conv -> BatchNorm2d -> ReLU -> conv -> BatchNorm2d -> ReLU -> mean over space -> linear to 3 classes, all in one
+/// Sequential (so that convert_sync_batch_norm replaces what forward runs), initialized from `seed`.
+inline torch::nn::Sequential make_bn_cnn(uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)), torch::nn::BatchNorm2d(4), torch::nn::ReLU(),
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 6, 3).padding(1)), torch::nn::BatchNorm2d(6), torch::nn::ReLU(),
+      torch::nn::Functional([](const torch::Tensor& x) {
+        return x.mean({2, 3});
+      }),
+      torch::nn::Linear(6, 3));
 }
 
 /// Runs `fn`, which must throw; returns the message (without backtrace), or "" after recording a failure.

@@ -72,9 +72,10 @@ TEST(CheckReplicasTest, ADivergedRankIsNamedOnEveryRankAndBuffersCountWhenAsked)
           if (rank == 3) fresh->buffers().back().add_(1);
           ddp::check_replicas(*fresh, pg);
           const std::string buffers_error = error_of([&] { ddp::check_replicas(*fresh, pg, true); });
-          TORCH_CHECK(buffers_error.find("rank(s) 3 (0x") != std::string::npos &&
-                          buffers_error.find(" of 4 hold parameters or buffers other than rank 0's") != std::string::npos,
-                      "rank ", rank, " got: ", buffers_error);
+          TORCH_CHECK(
+              buffers_error.find("rank(s) 3 (0x") != std::string::npos &&
+                  buffers_error.find(" of 4 hold parameters or buffers other than rank 0's") != std::string::npos,
+              "rank ", rank, " got: ", buffers_error);
           if (rank == 1) throw std::runtime_error("rank 1 saw the difference");  // proves the ranks got here
         },
         4);

@@ -463,17 +463,7 @@ TEST(SyncBatchNormTest, ConverterReturnsAModelWithoutBatchNormUnchangedAndConver
   EXPECT_EQ(ddp::set_sync_batch_norm_process_group(*root, std::nullopt), 1);
 }
 
-/// conv -> BatchNorm2d -> ReLU -> conv -> BatchNorm2d -> ReLU -> mean over space -> linear, all in one Sequential.
-torch::nn::Sequential make_cnn(uint64_t seed) {
-  torch::manual_seed(seed);
-  return torch::nn::Sequential(
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)), torch::nn::BatchNorm2d(4), torch::nn::ReLU(),
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 6, 3).padding(1)), torch::nn::BatchNorm2d(6), torch::nn::ReLU(),
-      torch::nn::Functional([](const torch::Tensor& x) {
-        return x.mean({2, 3});
-      }),
-      torch::nn::Linear(6, 3));
-}
+using ddp_test::make_bn_cnn;
 
 TEST(SyncBatchNormTest, DdpTrainingWithSyncBatchNormEqualsSingleProcessFullBatchTraining) {
   LTA_REQUIRE_GLOO();
@@ -487,7 +477,7 @@ TEST(SyncBatchNormTest, DdpTrainingWithSyncBatchNormEqualsSingleProcessFullBatch
       return std::make_pair(torch::randn({kFullBatch, 1, 6, 6}) + 1, torch::randint(0, 3, {kFullBatch}));
     };
     // The reference: BatchNorm on the full batch in one process.
-    auto ref = make_cnn(seed);
+    auto ref = make_bn_cnn(seed);
     torch::optim::SGD ref_opt(ref->parameters(), kLr);
     for (int step = 0; step < kSteps; ++step) {
       const auto [x, y] = data_for(step);
@@ -498,7 +488,7 @@ TEST(SyncBatchNormTest, DdpTrainingWithSyncBatchNormEqualsSingleProcessFullBatch
 
     // DDP over 2 ranks, each with half the batch, the BatchNorms converted (rank 1 starts from other weights: DDP
     // broadcasts rank 0's).
-    auto model = make_cnn(seed + static_cast<uint64_t>(rank));
+    auto model = make_bn_cnn(seed + static_cast<uint64_t>(rank));
     ddp::convert_sync_batch_norm(model.ptr(), pg, [](const std::string&) {});
     ddp::DistributedDataParallel ddp(model, pg);
     torch::optim::SGD opt(model->parameters(), kLr);
@@ -518,7 +508,7 @@ TEST(SyncBatchNormTest, DdpTrainingWithSyncBatchNormEqualsSingleProcessFullBatch
       check_close(b.value(), ref_buffers[b.key()], 1e-4, 1e-5, c10::str("rank ", rank, " buffer ", b.key()));
     }
     // And the parameters moved, so the comparison means something.
-    const auto start = make_cnn(seed);
+    const auto start = make_bn_cnn(seed);
     TORCH_CHECK(!torch::allclose(start->parameters()[0], model->parameters()[0]), "the parameters did not move");
   });
 }
