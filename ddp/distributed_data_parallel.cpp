@@ -183,7 +183,7 @@ class DistributedDataParallel::Impl {
       // passes are collective, so every rank reaches this point in the same forward, and an eval or no_sync
       // forward stays free of collectives (as without rebuild_buckets).
       if (!rebuilt_ && !observed_order_.empty() && sync_enabled_ && c10::GradMode::is_enabled()) {
-        rebuild_buckets();
+        rebuild_buckets(observed_order_, /*restoring=*/false);
       }
     }
     if (options_.broadcast_buffers()) broadcast_from_root(pg_, module_->buffers(/*recurse=*/true));
@@ -206,6 +206,17 @@ class DistributedDataParallel::Impl {
       infos.push_back(std::move(info));
     }
     return infos;
+  }
+
+  std::vector<int64_t> gradient_order() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return rebuilt_ ? rebuilt_order_ : observed_order_;
+  }
+
+  void restore_gradient_order(const std::vector<int64_t>& order) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!in_backward_, "DistributedDataParallel::restore_gradient_order: called during a backward pass");
+    rebuild_buckets(order, /*restoring=*/true);
   }
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -281,32 +292,52 @@ class DistributedDataParallel::Impl {
     timeline_.bucket_issued.assign(buckets_.size(), BackwardTimeline::TimePoint{});
   }
 
-  /// Every rank rebuilds its buckets in rank 0's observed gradient order. Collective: one broadcast of rank 0's
-  /// order (with a flag, in case rank 0 has none), so the ranks never disagree on the layout, whatever each
-  /// observed. A host sync, once.
-  void rebuild_buckets() {
+  /// Every rank rebuilds its buckets in rank 0's `proposed` order (its observed gradient order, or a saved one when
+  /// `restoring`). Collective: one broadcast of rank 0's order with a flag (none, an order, or, when restoring, an
+  /// order that does not fit), so the ranks never disagree on the layout, whatever each observed or loaded. A host
+  /// sync, once.
+  void rebuild_buckets(const std::vector<int64_t>& proposed, bool restoring) {
+    enum Flag : int64_t { kNone = 0, kOrder = 1, kUnfit = 2 };
     const auto n = static_cast<int64_t>(params_.size());
-    at::Tensor message = at::zeros({n + 1}, at::kLong);  // [has an order, order...]
-    if (pg_.rank() == kRoot && static_cast<int64_t>(observed_order_.size()) == n) {
-      message[0] = 1;
-      std::memcpy(message.data_ptr<int64_t>() + 1, observed_order_.data(), sizeof(int64_t) * static_cast<size_t>(n));
+    at::Tensor message = at::zeros({n + 1}, at::kLong);  // [flag, order...]
+    if (pg_.rank() == kRoot) {
+      if (is_permutation(proposed)) {
+        message[0] = kOrder;
+        std::memcpy(message.data_ptr<int64_t>() + 1, proposed.data(), sizeof(int64_t) * static_cast<size_t>(n));
+      } else if (restoring && !proposed.empty()) {
+        message[0] = kUnfit;
+        message[1] = static_cast<int64_t>(proposed.size());
+      }
     }
     if (pg_.size() > 1) {
       at::Tensor on_device = message.to(pg_.device());
       pg_.broadcast_(on_device, kRoot);
       message = on_device.cpu();
     }
-    rebuilt_ = true;  // whatever rank 0 sent: never another collective here
+    const int64_t flag = message[0].item<int64_t>();
+    TORCH_CHECK(flag != kUnfit, "DistributedDataParallel::restore_gradient_order: rank 0's saved gradient order (",
+                message[1].item<int64_t>(), " entries) is not an order of this module's ", n,
+                " parameters that require grad (a checkpoint of another model?); the layout is unchanged");
+    if (flag == kNone && restoring) return;  // nothing saved: rebuild after the first backward as usual
+    rebuilt_ = true;                         // whatever rank 0 sent: never another collective here
     observed_order_.clear();
-    if (message[0].item<int64_t>() == 0) return;
+    if (flag == kNone) return;
     std::vector<int64_t> order(message.data_ptr<int64_t>() + 1, message.data_ptr<int64_t>() + 1 + n);
+    TORCH_CHECK(is_permutation(order), "DistributedDataParallel: rank ", pg_.rank(),
+                " received a corrupt gradient order from rank 0");
+    build_buckets(order);
+    rebuilt_order_ = std::move(order);
+  }
+
+  /// Whether `order` names each parameter index exactly once.
+  bool is_permutation(const std::vector<int64_t>& order) const {
+    if (order.size() != params_.size()) return false;
     std::vector<bool> seen(params_.size(), false);
     for (const int64_t i : order) {
-      TORCH_CHECK(i >= 0 && i < n && !seen[i], "DistributedDataParallel: rank ", pg_.rank(),
-                  " received a corrupt gradient order from rank 0 (index ", i, " of ", n, " parameters)");
-      seen[i] = true;
+      if (i < 0 || i >= static_cast<int64_t>(params_.size()) || seen[static_cast<size_t>(i)]) return false;
+      seen[static_cast<size_t>(i)] = true;
     }
-    build_buckets(order);
+    return true;
   }
 
   void register_hooks() {
@@ -483,12 +514,13 @@ class DistributedDataParallel::Impl {
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   size_t next_bucket_ = 0;
   bool in_backward_ = false;
   bool sync_enabled_ = true;
   std::vector<int64_t> ready_order_;     // parameters in the order this backward pass produced their gradients
   std::vector<int64_t> observed_order_;  // the order of the last complete synchronized pass, until rebuilt
+  std::vector<int64_t> rebuilt_order_;   // the order the rebuilt buckets follow (empty: not rebuilt from one)
   bool rebuilt_ = false;
   std::optional<c10::Stream> comm_stream_;  // CUDA only
   std::optional<c10::Event> join_event_;    // orders the caller's stream after the write-back (CUDA only)
@@ -523,6 +555,10 @@ const std::shared_ptr<torch::nn::Module>& DistributedDataParallel::module() cons
 const ProcessGroup& DistributedDataParallel::process_group() const { return impl_->pg_; }
 const DistributedDataParallel::Options& DistributedDataParallel::options() const { return impl_->options_; }
 std::vector<BucketInfo> DistributedDataParallel::buckets() const { return impl_->bucket_infos(); }
+std::vector<int64_t> DistributedDataParallel::gradient_order() const { return impl_->gradient_order(); }
+void DistributedDataParallel::restore_gradient_order(const std::vector<int64_t>& order) {
+  impl_->restore_gradient_order(order);
+}
 const BackwardTimeline& DistributedDataParallel::last_backward_timeline() const { return impl_->timeline_; }
 
 }  // namespace ddp

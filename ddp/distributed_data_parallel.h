@@ -175,6 +175,22 @@ class DistributedDataParallel {
   const ProcessGroup& process_group() const;
   const Options& options() const;
   std::vector<BucketInfo> buckets() const;
+
+  /// The gradient order the buckets follow from the next training forward() on, as indices into the module's
+  /// parameters that require grad (registration order): once the buckets are rebuilt, rank 0's observed order;
+  /// after a synchronized backward that has not rebuilt them yet, the order that rebuild will use (on rank 0; other
+  /// ranks return their own observation); empty while none is known (before the first synchronized backward, or
+  /// with rebuild_buckets off). A checkpoint written by rank 0 records it so that a resumed run keeps the layout
+  /// (restore_gradient_order): with more than 2 ranks the layout decides in which order each element's allreduce
+  /// adds, and so its last bits.
+  std::vector<int64_t> gradient_order() const;
+
+  /// Rebuilds the buckets now in rank 0's `order` (what gradient_order() returned when the checkpoint was written)
+  /// and never again: a resumed run keeps the layout of the run it continues. Collective (one broadcast, as the
+  /// rebuild itself): call it on every rank, before the first forward(). An empty order on rank 0 changes nothing
+  /// (the buckets are rebuilt after the first backward as usual). Throws on every rank, changing nothing, when rank
+  /// 0's order is not a permutation of this module's parameter indices (a checkpoint of another model).
+  void restore_gradient_order(const std::vector<int64_t>& order);
   /// Timestamps of the last backward pass that synchronized.
   const BackwardTimeline& last_backward_timeline() const;
 

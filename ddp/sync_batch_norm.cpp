@@ -1,11 +1,17 @@
 #include <ddp/sync_batch_norm.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -19,7 +25,9 @@
 // deviations). Why not sum / sum of squares: var = E[x^2] - E[x]^2 cancels catastrophically when |mean| >> std
 // (activations after ReLU, or fp16/bf16 inputs whose values were rounded to a coarse grid around a large mean);
 // the two-pass form never subtracts two large numbers, and fp16/bf16 values convert to fp32 exactly, so the only
-// rounding is fp32 accumulation. The ranks then allgather ONE flat tensor [n_r, input dims, input channels,
+// rounding is fp32 accumulation. On the CPU both passes, and the backward's two sums, are loops of our own over the
+// contiguous layout (no temporary copies; see chunked_sum: 8 fp32 lanes over chunks of 256 values, chunks added
+// in fp64), and the two elementwise passes (y, dx) are one fused loop each. The ranks then allgather ONE flat tensor [n_r, input dims, input channels,
 // device kind, m_r (C), v_r (C)] and combine with Chan et al.'s parallel formula, weighted by counts:
 //   n = sum n_r,  m = sum n_r m_r / n,  v = sum n_r (v_r + (m_r - m)^2) / n,
 // which is exact for any split (a rank with n_r = 0 sends zeros and contributes nothing) and again free of the
@@ -29,6 +37,9 @@
 // Backward: ONE allreduce (SUM) of [sum dy (C), sum dy * (x - m) (C)] over the group; then
 //   dx = (dy - sum_dy / n - (x - m) * invstd^2 * sum_dy_xmu / n) * invstd * weight,
 // and weight / bias get this rank's local sums (DDP averages those over ranks, as for any parameter).
+// On CUDA the same protocol runs on ATen's kernels: batch_norm_stats (one-pass Welford) for m_r and v_r,
+// batch_norm_elemt for y, batch_norm_backward_reduce for the two sums and batch_norm_backward_elemt for dx; the
+// combination across ranks stays ours (the header, the validation, Chan's formula).
 
 namespace ddp {
 namespace {
@@ -85,19 +96,8 @@ c10::ScalarType accumulate_dtype(const at::Tensor& input) {
   return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-/// Dims reduced for per-channel statistics: all but dim 1.
-std::vector<int64_t> reduce_dims(int64_t dim) {
-  std::vector<int64_t> dims{0};
-  for (int64_t d = 2; d < dim; ++d) dims.push_back(d);
-  return dims;
-}
-
-/// (C) -> (1, C, 1, ...) to broadcast against an input of `dim` dims.
-at::Tensor per_channel(const at::Tensor& t, int64_t dim) {
-  std::vector<int64_t> shape(static_cast<size_t>(dim), 1);
-  shape[1] = t.size(0);
-  return t.view(shape);
-}
+/// `t` in `dtype` (undefined stays undefined).
+at::Tensor as_dtype(const at::Tensor& t, c10::ScalarType dtype) { return t.defined() ? t.to(dtype) : t; }
 
 // The group travels into backward inside the autograd context as capsules (Store and Backend are custom classes).
 void save_group(torch::autograd::AutogradContext* ctx, const ProcessGroup& group) {
@@ -116,6 +116,203 @@ ProcessGroup load_group(torch::autograd::AutogradContext* ctx) {
                       ctx->saved_data["device"].toDevice());
 }
 
+/// Runs fn(block, channel) over the N * C contiguous runs of `inner` values of an (N, C, *) tensor, in parallel.
+template <typename Fn>
+void for_each_channel_run(int64_t runs, int64_t channels, int64_t inner, const Fn& fn) {
+  constexpr int64_t kValuesPerTask = 32768;
+  const int64_t grain = std::max<int64_t>(1, kValuesPerTask / std::max<int64_t>(inner, 1));
+  at::parallel_for(0, runs, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t run = begin; run < end; ++run) fn(run, run % channels);
+  });
+}
+
+/// The values per (sample, channel) run of `t` (N, C, *): the product of its spatial sizes.
+int64_t inner_size(const at::Tensor& t) {
+  int64_t inner = 1;
+  for (int64_t d = 2; d < t.dim(); ++d) inner *= t.size(d);
+  return inner;
+}
+
+/// Sum of term(i) for i < n, the same in every build: 8 fp32 lanes over chunks of at most 256 terms (so each lane
+/// adds at most 32 terms: a relative error of at most 32 fp32 ulps of the sum of |terms|, about 2e-6, and usually
+/// far less), the chunks added in fp64. The explicit lanes let the compiler vectorize without reassociating.
+template <typename F>
+double chunked_sum(int64_t n, const F& term) {
+  constexpr int kLanes = 8;
+  constexpr int64_t kChunk = 256;
+  double total = 0;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t end = std::min(n, start + kChunk);
+    float lane[kLanes] = {};
+    int64_t i = start;
+    for (; i + kLanes <= end; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lane[l] += term(i + l);
+    }
+    double chunk = 0;
+    for (; i < end; ++i) chunk += term(i);
+    for (const float v : lane) chunk += v;
+    total += chunk;
+  }
+  return total;
+}
+
+/// The sum of one run's terms: chunked_sum for fp32 and half inputs (terms in fp32), a plain fp64 sum for fp64.
+template <typename scalar_t, typename F>
+double run_sum(int64_t n, const F& term) {
+  if constexpr (std::is_same_v<scalar_t, double>) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += term(i);
+    return sum;
+  } else {
+    return chunked_sum(n, term);
+  }
+}
+
+/// Runs fn(c) for every channel in parallel (each channel's values lie in N runs of the contiguous layout).
+template <typename Fn>
+void for_each_channel(int64_t channels, const Fn& fn) {
+  at::parallel_for(0, channels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) fn(c);
+  });
+}
+
+/// This rank's per-channel mean and biased variance of a (N, C, *) input with N > 0, in two passes (the mean, then
+/// the mean squared deviation from it: see Note [SyncBatchNorm collectives]) without temporary copies, summed as
+/// run_sum says. Written into `mean` and `var` (C, acc dtype).
+void local_stats_cpu(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var) {
+  const at::Tensor x = input.contiguous();
+  const int64_t samples = x.size(0);
+  const int64_t channels = x.size(1);
+  const int64_t inner = inner_size(x);
+  const auto count = static_cast<double>(samples * inner);
+  at::Tensor m = at::empty({channels}, at::kDouble);
+  at::Tensor v = at::empty({channels}, at::kDouble);
+  double* mp = m.mutable_data_ptr<double>();
+  double* vp = v.mutable_data_ptr<double>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "SyncBatchNorm statistics", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    for_each_channel(channels, [&](int64_t c) {
+      double sum = 0;
+      for (int64_t s = 0; s < samples; ++s) {
+        const scalar_t* run = xp + (s * channels + c) * inner;
+        sum += run_sum<scalar_t>(inner, [run](int64_t i) { return static_cast<acc_t>(run[i]); });
+      }
+      const double mu = sum / count;
+      const auto shift = static_cast<acc_t>(mu);
+      double squares = 0;
+      for (int64_t s = 0; s < samples; ++s) {
+        const scalar_t* run = xp + (s * channels + c) * inner;
+        squares += run_sum<scalar_t>(inner, [run, shift](int64_t i) {
+          const acc_t d = static_cast<acc_t>(run[i]) - shift;
+          return d * d;
+        });
+      }
+      mp[c] = mu;
+      vp[c] = squares / count;
+    });
+  });
+  mean.copy_(m);
+  var.copy_(v);
+}
+
+/// This rank's per-channel sum(dy) and sum(dy * (x - mean)) of a (N, C, *) input, in one pass over each run (both
+/// sums while it is in cache), summed as run_sum says; zeros for an empty batch. Returned in `mean`'s dtype.
+std::pair<at::Tensor, at::Tensor> grad_sums_cpu(const at::Tensor& grad_output, const at::Tensor& input,
+                                                const at::Tensor& mean) {
+  const at::Tensor x = input.contiguous();
+  const at::Tensor dy = grad_output.to(x.scalar_type()).contiguous();
+  const int64_t samples = x.size(0);
+  const int64_t channels = x.size(1);
+  const int64_t inner = inner_size(x);
+  at::Tensor sum_dy = at::zeros({channels}, at::kDouble);
+  at::Tensor sum_dy_xmu = at::zeros({channels}, at::kDouble);
+  double* sp = sum_dy.mutable_data_ptr<double>();
+  double* sxp = sum_dy_xmu.mutable_data_ptr<double>();
+  const at::Tensor mu = mean.to(at::kDouble).contiguous();
+  const double* mup = mu.const_data_ptr<double>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "SyncBatchNorm backward sums", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
+    for_each_channel(channels, [&](int64_t c) {
+      const auto m = static_cast<acc_t>(mup[c]);
+      for (int64_t s = 0; s < samples; ++s) {
+        const scalar_t* xr = xp + (s * channels + c) * inner;
+        const scalar_t* dr = dyp + (s * channels + c) * inner;
+        sp[c] += run_sum<scalar_t>(inner, [dr](int64_t i) { return static_cast<acc_t>(dr[i]); });
+        sxp[c] += run_sum<scalar_t>(
+            inner, [dr, xr, m](int64_t i) { return static_cast<acc_t>(dr[i]) * (static_cast<acc_t>(xr[i]) - m); });
+      }
+    });
+  });
+  return {sum_dy.to(mean.scalar_type()), sum_dy_xmu.to(mean.scalar_type())};
+}
+
+/// CPU forward in one pass: y = (x - mean) * scale + shift per channel (shift may be undefined), computed in the
+/// statistics' dtype (fp32, fp64 for fp64 input) and returned in the input's.
+at::Tensor normalize_cpu(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& scale,
+                         const at::Tensor& shift) {
+  const at::Tensor x = input.contiguous();
+  at::Tensor y = at::empty_like(x);
+  const int64_t channels = x.size(1);
+  const int64_t inner = inner_size(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "SyncBatchNorm forward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const at::Tensor m = mean.to(c10::CppTypeToScalarType<acc_t>::value).contiguous();
+    const at::Tensor s = scale.to(m.scalar_type()).contiguous();
+    const at::Tensor t = shift.defined() ? shift.to(m.scalar_type()).contiguous() : at::zeros_like(m);
+    const acc_t* mp = m.const_data_ptr<acc_t>();
+    const acc_t* sp = s.const_data_ptr<acc_t>();
+    const acc_t* tp = t.const_data_ptr<acc_t>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+    for_each_channel_run(x.numel() / std::max<int64_t>(inner, 1), channels, inner, [&](int64_t run, int64_t c) {
+      const acc_t mc = mp[c], sc = sp[c], tc = tp[c];
+      const scalar_t* xr = xp + run * inner;
+      scalar_t* yr = yp + run * inner;
+      for (int64_t i = 0; i < inner; ++i) yr[i] = static_cast<scalar_t>((static_cast<acc_t>(xr[i]) - mc) * sc + tc);
+    });
+  });
+  return y;
+}
+
+/// CPU input gradient in one pass: dx = (dy - mean_dy - (x - mean) * k) * scale per channel, in the statistics'
+/// dtype, returned in the input's.
+at::Tensor input_grad_cpu(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& mean,
+                          const at::Tensor& mean_dy, const at::Tensor& k, const at::Tensor& scale) {
+  const at::Tensor x = input.contiguous();
+  const at::Tensor dy = grad_output.to(x.scalar_type()).contiguous();
+  at::Tensor dx = at::empty_like(x);
+  const int64_t channels = x.size(1);
+  const int64_t inner = inner_size(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "SyncBatchNorm backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const auto acc = c10::CppTypeToScalarType<acc_t>::value;
+    const at::Tensor m = mean.to(acc).contiguous();
+    const at::Tensor md = mean_dy.to(acc).contiguous();
+    const at::Tensor kk = k.to(acc).contiguous();
+    const at::Tensor s = scale.to(acc).contiguous();
+    const acc_t* mp = m.const_data_ptr<acc_t>();
+    const acc_t* mdp = md.const_data_ptr<acc_t>();
+    const acc_t* kp = kk.const_data_ptr<acc_t>();
+    const acc_t* sp = s.const_data_ptr<acc_t>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
+    scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
+    for_each_channel_run(x.numel() / std::max<int64_t>(inner, 1), channels, inner, [&](int64_t run, int64_t c) {
+      const acc_t mc = mp[c], mdc = mdp[c], kc = kp[c], sc = sp[c];
+      const scalar_t* xr = xp + run * inner;
+      const scalar_t* dyr = dyp + run * inner;
+      scalar_t* dxr = dxp + run * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        dxr[i] = static_cast<scalar_t>((static_cast<acc_t>(dyr[i]) - mdc - (static_cast<acc_t>(xr[i]) - mc) * kc) * sc);
+      }
+    });
+  });
+  return dx;
+}
+
 /// y = (x - mean) * invstd * weight + bias with globally reduced statistics; backward reduces over the group.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
@@ -127,16 +324,18 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const at::Tensor weight = weight_arg.value_or(at::Tensor());
     const at::Tensor bias = bias_arg.value_or(at::Tensor());
     const auto acc = mean.scalar_type();
-    const int64_t dim = input.dim();
-    at::Tensor scale = invstd;
-    if (weight.defined()) scale = scale * weight.to(acc);
-    at::Tensor y = (input.to(acc) - per_channel(mean, dim)) * per_channel(scale, dim);
-    if (bias.defined()) y = y + per_channel(bias.to(acc), dim);
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["total_count"] = total_count;
     ctx->saved_data["has_bias"] = bias.defined();
     save_group(ctx, *group);
-    return y.to(input.scalar_type());
+    if (input.is_cuda()) {
+      // ATen's kernel (half input with fp32 statistics and parameters is its mixed-type case).
+      if (input.numel() == 0) return at::empty_like(input);
+      return at::batch_norm_elemt(input, as_dtype(weight, acc), as_dtype(bias, acc), mean, invstd, /*eps=*/0.0);
+    }
+    at::Tensor scale = invstd;
+    if (weight.defined()) scale = scale * weight.to(acc);
+    return normalize_cpu(input, mean, scale, as_dtype(bias, acc));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -147,19 +346,46 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const at::Tensor& mean = saved[2];
     const at::Tensor& invstd = saved[3];
     const auto acc = mean.scalar_type();
-    const int64_t dim = input.dim();
-    const auto dims = reduce_dims(dim);
     const int64_t channels = mean.size(0);
 
-    const at::Tensor dy = grad_outputs[0].to(acc);
-    const at::Tensor xmu = input.to(acc) - per_channel(mean, dim);
-    at::Tensor sum_dy = dy.sum(dims);
-    at::Tensor sum_dy_xmu = (dy * xmu).sum(dims);
+    const bool want_weight = weight.defined() && ctx->needs_input_grad(1);
+    const bool want_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
+    const double n = ctx->saved_data["total_count"].toDouble();
+
+    if (input.is_cuda()) {
+      // ATen's kernels: the two per-channel sums (and the local weight / bias gradients) in one pass, then the
+      // input gradient from the group's sums.
+      const at::Tensor weight_acc = as_dtype(weight, acc);
+      at::Tensor sum_dy = at::zeros_like(mean);  // an empty batch contributes zeros (as PyTorch's SyncBatchNorm)
+      at::Tensor sum_dy_xmu = at::zeros_like(mean);
+      at::Tensor grad_weight = want_weight ? at::zeros_like(weight) : at::Tensor();
+      at::Tensor grad_bias = want_bias ? at::zeros_like(weight) : at::Tensor();
+      if (input.numel() > 0) {
+        std::tie(sum_dy, sum_dy_xmu, grad_weight, grad_bias) = at::batch_norm_backward_reduce(
+            grad_outputs[0], input, mean, invstd, weight_acc, ctx->needs_input_grad(0), want_weight, want_bias);
+        if (grad_weight.defined()) grad_weight = grad_weight.to(weight.scalar_type());
+        if (grad_bias.defined()) grad_bias = grad_bias.to(weight.scalar_type());
+      }
+      at::Tensor grad_input;
+      if (ctx->needs_input_grad(0)) {
+        const ProcessGroup group = load_group(ctx);  // all ranks or none take part (see below)
+        at::Tensor combined = at::cat({sum_dy, sum_dy_xmu});
+        group.wait(group.allreduce_sum_async(combined), "SyncBatchNorm backward allreduce");
+        const at::Tensor count = at::full({1}, n, input.options().dtype(at::kInt));
+        grad_input = input.numel() == 0 ? at::zeros_like(input)
+                                        : at::batch_norm_backward_elemt(grad_outputs[0], input, mean, invstd,
+                                                                        weight_acc, combined.narrow(0, 0, channels),
+                                                                        combined.narrow(0, channels, channels), count);
+      }
+      return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+
+    const auto [sum_dy, sum_dy_xmu] = grad_sums_cpu(grad_outputs[0], input, mean);
 
     at::Tensor grad_weight;
     at::Tensor grad_bias;
-    if (weight.defined() && ctx->needs_input_grad(1)) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = sum_dy.to(weight.scalar_type());
+    if (want_weight) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
+    if (want_bias) grad_bias = sum_dy.to(weight.scalar_type());
 
     at::Tensor grad_input;
     if (ctx->needs_input_grad(0)) {
@@ -168,14 +394,11 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       const ProcessGroup group = load_group(ctx);
       at::Tensor combined = at::cat({sum_dy, sum_dy_xmu});
       group.wait(group.allreduce_sum_async(combined), "SyncBatchNorm backward allreduce");
-      const double n = ctx->saved_data["total_count"].toDouble();
       const at::Tensor mean_dy = combined.narrow(0, 0, channels) / n;
       const at::Tensor mean_dy_xmu = combined.narrow(0, channels, channels) / n;
       at::Tensor scale = invstd;
       if (weight.defined()) scale = scale * weight.to(acc);
-      grad_input = (dy - per_channel(mean_dy, dim) - xmu * per_channel(invstd * invstd * mean_dy_xmu, dim)) *
-                   per_channel(scale, dim);
-      grad_input = grad_input.to(input.scalar_type());
+      grad_input = input_grad_cpu(grad_outputs[0], input, mean, mean_dy, invstd * invstd * mean_dy_xmu, scale);
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -311,12 +534,14 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     payload[kHeaderDims].fill_(static_cast<double>(input.dim()));
     payload[kHeaderChannels].fill_(static_cast<double>(in_channels));
     payload[kHeaderIsCuda].fill_(input.is_cuda() ? 1.0 : 0.0);
-    if (count > 0) {
-      const auto dims = reduce_dims(input.dim());
-      const at::Tensor x = input.detach().to(acc);
-      const at::Tensor local_mean = x.mean(dims);
+    if (count > 0 && input.is_cuda()) {
+      // ATen's one-pass (Welford) kernel, fp32 statistics for half input. It returns 1 / sqrt(var + eps): the
+      // biased variance comes back as invstd^-2 - eps (a relative error of a few fp32 ulps of var + eps).
+      const auto [local_mean, local_invstd] = at::batch_norm_stats(input.detach(), options.eps());
       payload.narrow(0, kHeaderSize, c).copy_(local_mean);
-      payload.narrow(0, kHeaderSize + c, c).copy_((x - per_channel(local_mean, x.dim())).square().mean(dims));
+      payload.narrow(0, kHeaderSize + c, c).copy_((local_invstd.reciprocal().square() - options.eps()).clamp_min(0));
+    } else if (count > 0) {
+      local_stats_cpu(input.detach(), payload.narrow(0, kHeaderSize, c), payload.narrow(0, kHeaderSize + c, c));
     }
   }
   const at::Tensor gathered = at::stack(group.allgather(payload));  // (W, 4 + 2C)

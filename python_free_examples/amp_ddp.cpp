@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
       position = examples::resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
     }
     ddp::DistributedDataParallel ddp(net, group);
+    if (saved) ddp.restore_gradient_order(saved->ddp_gradient_order);  // the saved run's bucket layout (collective)
     optimizer.attach(ddp);  // each bucket is unscaled and checked as soon as its allreduce completes
     if (rank.rank == 0) {
       fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}{}\n", rank.world_size, group.backend_name(),
@@ -99,7 +100,7 @@ int main(int argc, char** argv) {
     }
 
     const auto save = [&](const examples::TrainingPosition& at) {
-      const auto run = examples::capture_run_state(flags, rank.world_size, train_samples, at);
+      const auto run = examples::capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order());
       examples::save_amp_checkpoint(flags.save, model, optimizer, run);
     };
     examples::Loop loop;

@@ -77,9 +77,11 @@ void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::
     position = resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
   }
   ddp::DistributedDataParallel ddp(net, group);
+  if (saved) ddp.restore_gradient_order(saved->ddp_gradient_order);  // the saved run's bucket layout (collective)
 
   const auto save = [&](const TrainingPosition& at) {
-    save_checkpoint(flags.save, *net, optimizer, capture_run_state(flags, rank.world_size, train_samples, at));
+    save_checkpoint(flags.save, *net, optimizer,
+                    capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order()));
   };
   Loop loop;
   loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {

@@ -215,6 +215,8 @@ void write_run_state(torch::serialize::OutputArchive& archive, const RunState& s
                                                     {"train_samples", state.train_samples}};
   for (const auto& [key, value] : values) archive.write(key, torch::tensor({value}, torch::kInt64));
   archive.write("cpu_generator_state", state.cpu_generator_state);
+  archive.write("ddp_gradient_order",
+                torch::tensor(c10::ArrayRef<int64_t>(state.ddp_gradient_order), torch::kInt64).view({-1}));
 }
 
 RunState read_run_state(torch::serialize::InputArchive& archive) {
@@ -243,14 +245,23 @@ RunState read_run_state(torch::serialize::InputArchive& archive) {
       state.cpu_generator_state.scalar_type() != torch::kByte) {
     throw std::runtime_error("its run state has no valid 'cpu_generator_state'");
   }
+  torch::Tensor order;  // absent in files written before it was recorded: the layout is then rebuilt as usual
+  if (archive.try_read("ddp_gradient_order", order)) {
+    if (order.scalar_type() != torch::kInt64 || order.dim() != 1) {
+      throw std::runtime_error("its run state has no valid 'ddp_gradient_order'");
+    }
+    order = order.contiguous();
+    state.ddp_gradient_order.assign(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + order.numel());
+  }
   return state;
 }
 
 }  // namespace
 
 RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t train_samples,
-                           const TrainingPosition& position) {
+                           const TrainingPosition& position, std::vector<int64_t> ddp_gradient_order) {
   RunState state;
+  state.ddp_gradient_order = std::move(ddp_gradient_order);
   state.position = position;
   state.seed = flags.seed;
   state.batch_size = flags.batch_size;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <amp/amp.h>
 #include <fmt/format.h>
@@ -108,12 +109,16 @@ struct RunState {
   int64_t world_size = 1;
   int64_t train_samples = 0;
   torch::Tensor cpu_generator_state;  // uint8, torch's default CPU generator (at::Generator::get_state)
+  /// ddp::DistributedDataParallel::gradient_order() on rank 0 (its bucket layout), restored on resume so that the
+  /// allreduce adds in the same order (with more than 2 ranks that decides the last bits); empty for a run
+  /// without DDP or saved before DDP knew an order.
+  std::vector<int64_t> ddp_gradient_order;
 };
 
 /// The state of a run of `flags` on `world_size` processes over `train_samples` samples, now at `position`, with
-/// the default CPU generator as it is now.
+/// the default CPU generator as it is now and DDP's `ddp_gradient_order` (empty without DDP).
 RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t train_samples,
-                           const TrainingPosition& position);
+                           const TrainingPosition& position, std::vector<int64_t> ddp_gradient_order = {});
 
 /// RunState as bytes (a torch archive) and back: what amp_ddp keeps as an amp::CheckpointExtras entry. decode
 /// throws std::runtime_error naming what is missing or malformed.

@@ -595,6 +595,69 @@ TEST(DistributedDataParallelTest, TheRebuiltLayoutIsRankZerosOrderOnEveryRank) {
   });
 }
 
+TEST(DistributedDataParallelTest, ARestoredGradientOrderGivesTheRebuiltLayoutFromTheFirstStep) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data mine = shard(make_data(seed), rank, pg.size());
+    const auto target = mine.y.narrow(1, 0, 1).expand({-1, kIn});
+    const std::vector<std::string> initial = {"layers.3", "layers.2", "layers.1", "layers.0"};
+    const std::vector<std::string> rebuilt = {"layers.0", "layers.1", "layers.2", "layers.3"};
+    const auto step = [&](Reversed& model, ddp::DistributedDataParallel& ddp) {
+      model->zero_grad();
+      torch::mse_loss(ddp.forward(mine.x), target).backward();
+    };
+    // The run that is saved: no order before its first backward, the pending one after it, the rebuilt one after.
+    torch::manual_seed(seed);
+    Reversed first;
+    ddp::DistributedDataParallel saved(first, pg, one_layer_per_bucket());
+    TORCH_CHECK(saved.gradient_order().empty(), "rank ", rank, ": an order before any backward");
+    step(first, saved);
+    const std::vector<int64_t> pending = saved.gradient_order();
+    step(first, saved);
+    const std::vector<int64_t> order = saved.gradient_order();
+    TORCH_CHECK(layers_of(saved.buckets()) == rebuilt, "rank ", rank, ": the saved run did not rebuild");
+    TORCH_CHECK(order.size() == 8 && order == pending, "rank ", rank, ": the order before the rebuild (",
+                c10::Join(", ", pending), ") is not the rebuilt one (", c10::Join(", ", order), ")");
+
+    // The resumed run: the rebuilt layout before its first step, kept after it.
+    Reversed resumed;
+    ddp::DistributedDataParallel ddp(resumed, pg, one_layer_per_bucket());
+    TORCH_CHECK(layers_of(ddp.buckets()) == initial, "rank ", rank, ": unexpected initial layout");
+    ddp.restore_gradient_order(order);
+    TORCH_CHECK(layers_of(ddp.buckets()) == rebuilt, "rank ", rank, ": restored layout ",
+                c10::Join(", ", layers_of(ddp.buckets())));
+    TORCH_CHECK(ddp.gradient_order() == order, "rank ", rank, ": gradient_order() after the restore");
+    for (int i = 0; i < 2; ++i) step(resumed, ddp);
+    TORCH_CHECK(layers_of(ddp.buckets()) == rebuilt && ddp.gradient_order() == order, "rank ", rank,
+                ": the layout changed after the restore");
+
+    // Rank 0's order is the one applied: another rank's (here a wrong one) does not matter.
+    Reversed other;
+    ddp::DistributedDataParallel follows(other, pg, one_layer_per_bucket());
+    follows.restore_gradient_order(rank == 0 ? order : std::vector<int64_t>{0});
+    TORCH_CHECK(layers_of(follows.buckets()) == rebuilt, "rank ", rank, ": did not follow rank 0's order");
+
+    // Nothing saved on rank 0 (a checkpoint written before the first backward): the usual rebuild later.
+    Reversed fresh;
+    ddp::DistributedDataParallel later(fresh, pg, one_layer_per_bucket());
+    later.restore_gradient_order({});
+    TORCH_CHECK(layers_of(later.buckets()) == initial, "rank ", rank, ": an empty order changed the layout");
+    for (int i = 0; i < 2; ++i) step(fresh, later);
+    TORCH_CHECK(layers_of(later.buckets()) == rebuilt, "rank ", rank, ": no rebuild after an empty restore");
+
+    // An order that does not fit the model on rank 0 fails on every rank, layout unchanged.
+    Reversed unfit;
+    ddp::DistributedDataParallel refused(unfit, pg, one_layer_per_bucket());
+    const std::vector<int64_t> wrong = rank == 0 ? std::vector<int64_t>{0, 1, 2} : order;
+    const std::string message = error_of([&] { refused.restore_gradient_order(wrong); });
+    TORCH_CHECK(
+        contains_all(message, {"rank 0's saved gradient order (3 entries)", "8 parameters", "the layout is unchanged"}),
+        "rank ", rank, ": ", message);
+    TORCH_CHECK(layers_of(refused.buckets()) == initial, "rank ", rank, ": a refused order changed the layout");
+  });
+}
+
 // GPU checks. The parent never initializes CUDA (a forked child could not use it then): each child looks for a
 // GPU itself and, finding none, leaves a marker that makes the test skip.
 

@@ -4,8 +4,10 @@
 // bit for bit the straight run's. And a resume that would not continue the run (another --seed, --batch-size,
 // number of processes or training samples) is a one-line error naming the flag.
 #include <algorithm>
+#include <iterator>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -32,7 +34,10 @@ struct ResumingExample {
   bool distributed = false;           // needs Gloo
   bool amp = false;                   // writes amp::save_checkpoint files (O2, bf16 on the CPU)
   bool fused_sgd = false;             // amp's inner optimizer is amp::FusedSGD (else torch::optim::SGD)
+  std::string limit_train = "128";    // --limit-train: the training samples
 };
+
+void PrintTo(const ResumingExample& example, std::ostream* os) { *os << example.name; }
 
 // 128 samples in batches of 16: 8 batches per epoch on one process, 4 per rank on two.
 const std::vector<std::string> kQuick = {"--synthetic", "--limit-train", "128", "--batch-size", "16", "--device",
@@ -42,14 +47,19 @@ std::vector<ResumingExample> resuming_examples() {
   std::vector<ResumingExample> examples = {
       {"TrainFashionMnist", {LTA_EXAMPLE_TRAIN_FASHION_MNIST}, {}, 8},
       {"DdpSpawnTwoRanks", {LTA_EXAMPLE_DDP_SPAWN}, {"--nproc", "2"}, 4, true},
+      // 4 ranks: each element's allreduce adds in an order that depends on the bucket layout (Gloo's ring), so the
+      // resumed run must keep the rebuilt layout of the run it continues (RunState::ddp_gradient_order).
+      {"DdpSpawnFourRanks", {LTA_EXAMPLE_DDP_SPAWN}, {"--nproc", "4"}, 4, true, false, false, "256"},
       {"DataParallelAmpO2", {LTA_EXAMPLE_DATA_PARALLEL}, {"--opt-level", "O2"}, 8, false, true},
   };
 #ifdef LTA_DDP_LAUNCH
-  const auto with = [](const char* program) {
-    return std::vector<std::string>{LTA_DDP_LAUNCH, "--nproc-per-node", "2", "--master-port", "0", program};
+  const auto with = [](const char* program, const char* nproc) {
+    return std::vector<std::string>{LTA_DDP_LAUNCH, "--nproc-per-node", nproc, "--master-port", "0", program};
   };
   // (ddp_launch trains in the same worker as ddp_spawn: common/ddp_worker.cpp.)
-  examples.push_back({"AmpDdpO2TwoRanks", with(LTA_EXAMPLE_AMP_DDP), {"--opt-level", "O2"}, 4, true, true, true});
+  examples.push_back({"AmpDdpO2TwoRanks", with(LTA_EXAMPLE_AMP_DDP, "2"), {"--opt-level", "O2"}, 4, true, true, true});
+  examples.push_back(
+      {"AmpDdpO2FourRanks", with(LTA_EXAMPLE_AMP_DDP, "4"), {"--opt-level", "O2"}, 4, true, true, true, "256"});
 #endif
   return examples;
 }
@@ -57,6 +67,8 @@ std::vector<ResumingExample> resuming_examples() {
 ProcessResult run(const ResumingExample& example, const std::vector<std::string>& more) {
   std::vector<std::string> argv = example.launcher;
   argv.insert(argv.end(), kQuick.begin(), kQuick.end());
+  *std::next(std::find(argv.end() - static_cast<std::ptrdiff_t>(kQuick.size()), argv.end(), "--limit-train")) =
+      example.limit_train;
   argv.insert(argv.end(), example.flags.begin(), example.flags.end());
   argv.insert(argv.end(), more.begin(), more.end());
   return example_test::run_process(argv);
