@@ -1,17 +1,12 @@
 #include <ddp/sync_batch_norm.h>
 
-#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -19,15 +14,17 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <kernels/batch_norm.h>
+
 // Note [SyncBatchNorm collectives]
 // Training forward, group of size W > 1: every rank computes, per channel, its count n_r (N * prod(spatial)), mean
 // m_r and biased variance v_r in fp32 (fp64 for fp64 input) by two passes (mean first, then the mean of squared
 // deviations). Why not sum / sum of squares: var = E[x^2] - E[x]^2 cancels catastrophically when |mean| >> std
 // (activations after ReLU, or fp16/bf16 inputs whose values were rounded to a coarse grid around a large mean);
 // the two-pass form never subtracts two large numbers, and fp16/bf16 values convert to fp32 exactly, so the only
-// rounding is fp32 accumulation. On the CPU both passes, and the backward's two sums, are loops of our own over the
-// contiguous layout (no temporary copies; see chunked_sum: 8 fp32 lanes over chunks of 256 values, chunks added
-// in fp64), and the two elementwise passes (y, dx) are one fused loop each. The ranks then allgather ONE flat tensor [n_r, input dims, input channels,
+// rounding is fp32 accumulation. On the CPU both passes, the backward's two sums and the two elementwise passes
+// (y, dx) are kernels/batch_norm.h's CPU twins (at::vec per instruction set, no temporary copies; sums as
+// Note [batch-norm twin sums]). The ranks then allgather ONE flat tensor [n_r, input dims, input channels,
 // device kind, m_r (C), v_r (C)] and combine with Chan et al.'s parallel formula, weighted by counts:
 //   n = sum n_r,  m = sum n_r m_r / n,  v = sum n_r (v_r + (m_r - m)^2) / n,
 // which is exact for any split (a rank with n_r = 0 sends zeros and contributes nothing) and again free of the
@@ -116,203 +113,6 @@ ProcessGroup load_group(torch::autograd::AutogradContext* ctx) {
                       ctx->saved_data["device"].toDevice());
 }
 
-/// Runs fn(block, channel) over the N * C contiguous runs of `inner` values of an (N, C, *) tensor, in parallel.
-template <typename Fn>
-void for_each_channel_run(int64_t runs, int64_t channels, int64_t inner, const Fn& fn) {
-  constexpr int64_t kValuesPerTask = 32768;
-  const int64_t grain = std::max<int64_t>(1, kValuesPerTask / std::max<int64_t>(inner, 1));
-  at::parallel_for(0, runs, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t run = begin; run < end; ++run) fn(run, run % channels);
-  });
-}
-
-/// The values per (sample, channel) run of `t` (N, C, *): the product of its spatial sizes.
-int64_t inner_size(const at::Tensor& t) {
-  int64_t inner = 1;
-  for (int64_t d = 2; d < t.dim(); ++d) inner *= t.size(d);
-  return inner;
-}
-
-/// Sum of term(i) for i < n, the same in every build: 8 fp32 lanes over chunks of at most 256 terms (so each lane
-/// adds at most 32 terms: a relative error of at most 32 fp32 ulps of the sum of |terms|, about 2e-6, and usually
-/// far less), the chunks added in fp64. The explicit lanes let the compiler vectorize without reassociating.
-template <typename F>
-double chunked_sum(int64_t n, const F& term) {
-  constexpr int kLanes = 8;
-  constexpr int64_t kChunk = 256;
-  double total = 0;
-  for (int64_t start = 0; start < n; start += kChunk) {
-    const int64_t end = std::min(n, start + kChunk);
-    float lane[kLanes] = {};
-    int64_t i = start;
-    for (; i + kLanes <= end; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) lane[l] += term(i + l);
-    }
-    double chunk = 0;
-    for (; i < end; ++i) chunk += term(i);
-    for (const float v : lane) chunk += v;
-    total += chunk;
-  }
-  return total;
-}
-
-/// The sum of one run's terms: chunked_sum for fp32 and half inputs (terms in fp32), a plain fp64 sum for fp64.
-template <typename scalar_t, typename F>
-double run_sum(int64_t n, const F& term) {
-  if constexpr (std::is_same_v<scalar_t, double>) {
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += term(i);
-    return sum;
-  } else {
-    return chunked_sum(n, term);
-  }
-}
-
-/// Runs fn(c) for every channel in parallel (each channel's values lie in N runs of the contiguous layout).
-template <typename Fn>
-void for_each_channel(int64_t channels, const Fn& fn) {
-  at::parallel_for(0, channels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) fn(c);
-  });
-}
-
-/// This rank's per-channel mean and biased variance of a (N, C, *) input with N > 0, in two passes (the mean, then
-/// the mean squared deviation from it: see Note [SyncBatchNorm collectives]) without temporary copies, summed as
-/// run_sum says. Written into `mean` and `var` (C, acc dtype).
-void local_stats_cpu(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& var) {
-  const at::Tensor x = input.contiguous();
-  const int64_t samples = x.size(0);
-  const int64_t channels = x.size(1);
-  const int64_t inner = inner_size(x);
-  const auto count = static_cast<double>(samples * inner);
-  at::Tensor m = at::empty({channels}, at::kDouble);
-  at::Tensor v = at::empty({channels}, at::kDouble);
-  double* mp = m.mutable_data_ptr<double>();
-  double* vp = v.mutable_data_ptr<double>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "SyncBatchNorm statistics", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    for_each_channel(channels, [&](int64_t c) {
-      double sum = 0;
-      for (int64_t s = 0; s < samples; ++s) {
-        const scalar_t* run = xp + (s * channels + c) * inner;
-        sum += run_sum<scalar_t>(inner, [run](int64_t i) { return static_cast<acc_t>(run[i]); });
-      }
-      const double mu = sum / count;
-      const auto shift = static_cast<acc_t>(mu);
-      double squares = 0;
-      for (int64_t s = 0; s < samples; ++s) {
-        const scalar_t* run = xp + (s * channels + c) * inner;
-        squares += run_sum<scalar_t>(inner, [run, shift](int64_t i) {
-          const acc_t d = static_cast<acc_t>(run[i]) - shift;
-          return d * d;
-        });
-      }
-      mp[c] = mu;
-      vp[c] = squares / count;
-    });
-  });
-  mean.copy_(m);
-  var.copy_(v);
-}
-
-/// This rank's per-channel sum(dy) and sum(dy * (x - mean)) of a (N, C, *) input, in one pass over each run (both
-/// sums while it is in cache), summed as run_sum says; zeros for an empty batch. Returned in `mean`'s dtype.
-std::pair<at::Tensor, at::Tensor> grad_sums_cpu(const at::Tensor& grad_output, const at::Tensor& input,
-                                                const at::Tensor& mean) {
-  const at::Tensor x = input.contiguous();
-  const at::Tensor dy = grad_output.to(x.scalar_type()).contiguous();
-  const int64_t samples = x.size(0);
-  const int64_t channels = x.size(1);
-  const int64_t inner = inner_size(x);
-  at::Tensor sum_dy = at::zeros({channels}, at::kDouble);
-  at::Tensor sum_dy_xmu = at::zeros({channels}, at::kDouble);
-  double* sp = sum_dy.mutable_data_ptr<double>();
-  double* sxp = sum_dy_xmu.mutable_data_ptr<double>();
-  const at::Tensor mu = mean.to(at::kDouble).contiguous();
-  const double* mup = mu.const_data_ptr<double>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "SyncBatchNorm backward sums", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
-    for_each_channel(channels, [&](int64_t c) {
-      const auto m = static_cast<acc_t>(mup[c]);
-      for (int64_t s = 0; s < samples; ++s) {
-        const scalar_t* xr = xp + (s * channels + c) * inner;
-        const scalar_t* dr = dyp + (s * channels + c) * inner;
-        sp[c] += run_sum<scalar_t>(inner, [dr](int64_t i) { return static_cast<acc_t>(dr[i]); });
-        sxp[c] += run_sum<scalar_t>(
-            inner, [dr, xr, m](int64_t i) { return static_cast<acc_t>(dr[i]) * (static_cast<acc_t>(xr[i]) - m); });
-      }
-    });
-  });
-  return {sum_dy.to(mean.scalar_type()), sum_dy_xmu.to(mean.scalar_type())};
-}
-
-/// CPU forward in one pass: y = (x - mean) * scale + shift per channel (shift may be undefined), computed in the
-/// statistics' dtype (fp32, fp64 for fp64 input) and returned in the input's.
-at::Tensor normalize_cpu(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& scale,
-                         const at::Tensor& shift) {
-  const at::Tensor x = input.contiguous();
-  at::Tensor y = at::empty_like(x);
-  const int64_t channels = x.size(1);
-  const int64_t inner = inner_size(x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "SyncBatchNorm forward", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const at::Tensor m = mean.to(c10::CppTypeToScalarType<acc_t>::value).contiguous();
-    const at::Tensor s = scale.to(m.scalar_type()).contiguous();
-    const at::Tensor t = shift.defined() ? shift.to(m.scalar_type()).contiguous() : at::zeros_like(m);
-    const acc_t* mp = m.const_data_ptr<acc_t>();
-    const acc_t* sp = s.const_data_ptr<acc_t>();
-    const acc_t* tp = t.const_data_ptr<acc_t>();
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
-    for_each_channel_run(x.numel() / std::max<int64_t>(inner, 1), channels, inner, [&](int64_t run, int64_t c) {
-      const acc_t mc = mp[c], sc = sp[c], tc = tp[c];
-      const scalar_t* xr = xp + run * inner;
-      scalar_t* yr = yp + run * inner;
-      for (int64_t i = 0; i < inner; ++i) yr[i] = static_cast<scalar_t>((static_cast<acc_t>(xr[i]) - mc) * sc + tc);
-    });
-  });
-  return y;
-}
-
-/// CPU input gradient in one pass: dx = (dy - mean_dy - (x - mean) * k) * scale per channel, in the statistics'
-/// dtype, returned in the input's.
-at::Tensor input_grad_cpu(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& mean,
-                          const at::Tensor& mean_dy, const at::Tensor& k, const at::Tensor& scale) {
-  const at::Tensor x = input.contiguous();
-  const at::Tensor dy = grad_output.to(x.scalar_type()).contiguous();
-  at::Tensor dx = at::empty_like(x);
-  const int64_t channels = x.size(1);
-  const int64_t inner = inner_size(x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "SyncBatchNorm backward", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const auto acc = c10::CppTypeToScalarType<acc_t>::value;
-    const at::Tensor m = mean.to(acc).contiguous();
-    const at::Tensor md = mean_dy.to(acc).contiguous();
-    const at::Tensor kk = k.to(acc).contiguous();
-    const at::Tensor s = scale.to(acc).contiguous();
-    const acc_t* mp = m.const_data_ptr<acc_t>();
-    const acc_t* mdp = md.const_data_ptr<acc_t>();
-    const acc_t* kp = kk.const_data_ptr<acc_t>();
-    const acc_t* sp = s.const_data_ptr<acc_t>();
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
-    scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
-    for_each_channel_run(x.numel() / std::max<int64_t>(inner, 1), channels, inner, [&](int64_t run, int64_t c) {
-      const acc_t mc = mp[c], mdc = mdp[c], kc = kp[c], sc = sp[c];
-      const scalar_t* xr = xp + run * inner;
-      const scalar_t* dyr = dyp + run * inner;
-      scalar_t* dxr = dxp + run * inner;
-      for (int64_t i = 0; i < inner; ++i) {
-        dxr[i] = static_cast<scalar_t>((static_cast<acc_t>(dyr[i]) - mdc - (static_cast<acc_t>(xr[i]) - mc) * kc) * sc);
-      }
-    });
-  });
-  return dx;
-}
-
 /// y = (x - mean) * invstd * weight + bias with globally reduced statistics; backward reduces over the group.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
@@ -335,7 +135,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     }
     at::Tensor scale = invstd;
     if (weight.defined()) scale = scale * weight.to(acc);
-    return normalize_cpu(input, mean, scale, as_dtype(bias, acc));
+    return kernels::batch_norm_normalize_cpu(input, mean, scale, as_dtype(bias, acc));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -380,7 +180,9 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
 
-    const auto [sum_dy, sum_dy_xmu] = grad_sums_cpu(grad_outputs[0], input, mean);
+    const auto [sum_dy_fp64, sum_dy_xmu_fp64] = kernels::batch_norm_grad_sums_cpu(grad_outputs[0], input, mean);
+    const at::Tensor sum_dy = sum_dy_fp64.to(acc);
+    const at::Tensor sum_dy_xmu = sum_dy_xmu_fp64.to(acc);
 
     at::Tensor grad_weight;
     at::Tensor grad_bias;
@@ -398,7 +200,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       const at::Tensor mean_dy_xmu = combined.narrow(0, channels, channels) / n;
       at::Tensor scale = invstd;
       if (weight.defined()) scale = scale * weight.to(acc);
-      grad_input = input_grad_cpu(grad_outputs[0], input, mean, mean_dy, invstd * invstd * mean_dy_xmu, scale);
+      grad_input = kernels::batch_norm_input_grad_cpu(grad_outputs[0], input, mean, mean_dy,
+                                                      invstd * invstd * mean_dy_xmu, scale);
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -541,7 +344,9 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
       payload.narrow(0, kHeaderSize, c).copy_(local_mean);
       payload.narrow(0, kHeaderSize + c, c).copy_((local_invstd.reciprocal().square() - options.eps()).clamp_min(0));
     } else if (count > 0) {
-      local_stats_cpu(input.detach(), payload.narrow(0, kHeaderSize, c), payload.narrow(0, kHeaderSize + c, c));
+      const auto [local_mean, local_var] = kernels::batch_norm_stats_cpu(input.detach());
+      payload.narrow(0, kHeaderSize, c).copy_(local_mean);
+      payload.narrow(0, kHeaderSize + c, c).copy_(local_var);
     }
   }
   const at::Tensor gathered = at::stack(group.allgather(payload));  // (W, 4 + 2C)

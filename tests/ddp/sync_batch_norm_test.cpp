@@ -539,38 +539,64 @@ TEST(SyncBatchNormTest, DdpTrainingWithSyncBatchNormEqualsSingleProcessFullBatch
 
 // CUDA tensors (for the GPU check): ranks are threads of this process (a forked child cannot use CUDA), meeting
 // over tcp:// on loopback; Gloo takes the CUDA tensors, and NCCL when built in. Each thread compares its slice with
-// BatchNorm2d on the concatenated batch on the GPU.
-void run_cuda_ranks(const std::string& backend, int world) {
+// BatchNorm2d (fp32) on the concatenated batch on the GPU. With more than one rank this runs the CUDA path of
+// ATen's batch_norm_stats / batch_norm_elemt / batch_norm_backward_reduce / batch_norm_backward_elemt; bf16 input
+// is their mixed-type case (fp32 statistics and parameters); `empty_rank` gives rank 0 the whole batch and the
+// others none.
+// On the CPU (`cuda` false) the same checks run with threads as ranks: that is how they are tested without a GPU.
+void run_cuda_ranks(const std::string& backend, int world, torch::ScalarType dtype = torch::kFloat,
+                    bool empty_rank = false, bool cuda = true) {
   const int port = ddp::detail::find_free_port();
   const uint64_t seed = test_util::fresh_seed();
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
+  const int64_t full = 4 * world;
+  const auto rows = [&](int rank) -> std::pair<int64_t, int64_t> {  // (offset, count) of a rank's slice
+    if (empty_rank) return rank == 0 ? std::make_pair(int64_t{0}, full) : std::make_pair(full, int64_t{0});
+    return {4 * rank, 4};
+  };
+  // bf16: the output and input gradient are fp32 results rounded once to bf16 (2^-7 relative).
+  const double rtol = dtype == torch::kBFloat16 ? 1.0 / 128 : 1e-4;
+  const double atol = dtype == torch::kBFloat16 ? 1e-2 : 1e-5;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        const torch::Device device(torch::kCUDA, backend == "nccl" ? rank : 0);
-        const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions()
-                                                                 .backend(backend)
+        const torch::Device device =
+            cuda ? torch::Device(torch::kCUDA, backend == "nccl" ? rank : 0) : torch::Device(torch::kCPU);
+        ddp::InitOptions init;
+        if (cuda) init.cuda_device(device.index());
+        const ddp::ProcessGroup pg = ddp::init_process_group(init.backend(backend)
                                                                  .init_method("tcp://127.0.0.1:" + std::to_string(port))
                                                                  .rank(rank)
                                                                  .world_size(world)
-                                                                 .cuda_device(device.index())
                                                                  .timeout(kTestTimeout));
         torch::manual_seed(seed);
-        const auto x_full = torch::randn({4 * world, kChannels, 5, 5}).to(device) * 2 + 3;
-        const auto g_full = torch::randn({4 * world, kChannels, 5, 5}).to(device);
+        const auto x_full = (torch::randn({full, kChannels, 5, 5}).to(device) * 2 + 3).to(dtype);
+        const auto g_full = torch::randn({full, kChannels, 5, 5}).to(device).to(dtype);
         torch::nn::BatchNorm2d ref(kChannels);
         ref->to(device);
-        auto x_ref = x_full.clone().requires_grad_();
-        (ref->forward(x_ref) * g_full).sum().backward();
+        auto x_ref = x_full.to(torch::kFloat).clone().requires_grad_();
+        const auto y_ref = ref->forward(x_ref);  // one training forward: the running statistics move once
+        (y_ref * g_full.to(torch::kFloat)).sum().backward();
         auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels).dimensionality(2).process_group(pg));
         sync->to(device);
-        auto x = x_full.narrow(0, 4 * rank, 4).clone().requires_grad_();
+        const auto [offset, count] = rows(rank);
+        auto x = x_full.narrow(0, offset, count).clone().requires_grad_();
         const auto y = sync->forward(x);
-        (y * g_full.narrow(0, 4 * rank, 4)).sum().backward();
-        check_close(y, ref->forward(x_full).narrow(0, 4 * rank, 4).detach(), 1e-4, 1e-5, "CUDA output");
-        check_close(x.grad(), x_ref.grad().narrow(0, 4 * rank, 4), 1e-4, 1e-5, "CUDA input gradient");
+        TORCH_CHECK(y.scalar_type() == dtype, "CUDA output dtype ", y.scalar_type());
+        (y * g_full.narrow(0, offset, count)).sum().backward();
+        torch::NoGradGuard no_grad;
+        check_close(y, y_ref.narrow(0, offset, count), rtol, atol, "CUDA output");
+        check_close(x.grad(), x_ref.grad().narrow(0, offset, count), rtol, atol, "CUDA input gradient");
+        check_close(sync->running_mean, ref->running_mean, 1e-5, 1e-6, "CUDA running_mean");
         check_close(sync->running_var, ref->running_var, 1e-5, 1e-6, "CUDA running_var");
+        // DDP sums the ranks' weight / bias gradients (and divides by the world size): the sum is BatchNorm's.
+        for (auto* p : {&sync->weight, &sync->bias}) {
+          auto g = p->grad().clone();
+          pg.wait(pg.allreduce_sum_async(g), "test gradient sum");
+          const auto& expected = p == &sync->weight ? ref->weight.grad() : ref->bias.grad();
+          check_close(g, expected, 1e-4, 1e-3, "CUDA weight / bias gradient");
+        }
       } catch (const c10::Error& e) {
         errors[static_cast<size_t>(rank)] = e.what_without_backtrace();
       } catch (const std::exception& e) {
@@ -580,6 +606,14 @@ void run_cuda_ranks(const std::string& backend, int world) {
   }
   for (auto& t : threads) t.join();
   for (int rank = 0; rank < world; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << "rank " << rank;
+}
+
+TEST(SyncBatchNormTest, TheDeviceTestChecksPassWithThreadsAsRanksOnTheCpu) {
+  LTA_REQUIRE_GLOO();
+  run_cuda_ranks("gloo", 1, torch::kFloat, false, /*cuda=*/false);
+  run_cuda_ranks("gloo", 2, torch::kFloat, false, /*cuda=*/false);
+  run_cuda_ranks("gloo", 2, torch::kBFloat16, false, /*cuda=*/false);
+  run_cuda_ranks("gloo", 2, torch::kFloat, /*empty_rank=*/true, /*cuda=*/false);
 }
 
 TEST(SyncBatchNormCudaTest, WorldSizeOneOnCudaMatchesBatchNorm) {
@@ -592,6 +626,18 @@ TEST(SyncBatchNormCudaTest, GlooWithCudaTensorsMatchesBatchNormOnTheConcatenated
   LTA_REQUIRE_CUDA();
   LTA_REQUIRE_GLOO();
   run_cuda_ranks("gloo", 2);
+}
+
+TEST(SyncBatchNormCudaTest, GlooWithCudaBFloat16InputsMatchesFp32BatchNorm) {
+  LTA_REQUIRE_CUDA();
+  LTA_REQUIRE_GLOO();
+  run_cuda_ranks("gloo", 2, torch::kBFloat16);
+}
+
+TEST(SyncBatchNormCudaTest, GlooWithCudaTensorsAndARankWithAnEmptyBatch) {
+  LTA_REQUIRE_CUDA();
+  LTA_REQUIRE_GLOO();
+  run_cuda_ranks("gloo", 2, torch::kFloat, /*empty_rank=*/true);
 }
 
 TEST(SyncBatchNormCudaTest, NcclMatchesBatchNormOnTheConcatenatedBatch) {
