@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <amp/zero_shard.h>
 #include <kernels/l2_norm.h>
 
 namespace amp {
@@ -45,6 +46,7 @@ ScaledLoss scale_loss(const at::Tensor& loss, Optimizer& optimizer, int64_t loss
 }
 
 at::Tensor clip_grad_norm_(Optimizer& optimizer, double max_norm) {
+  if (detail::ZeroShard* zero = optimizer.state().zero()) return zero->clip_grad_norm_(max_norm, optimizer.found_inf());
   return kernels::clip_grad_norm_(optimizer.gradients(), max_norm, optimizer.found_inf());
 }
 

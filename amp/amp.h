@@ -95,7 +95,18 @@ class Optimizer {
   /// (a non-contiguous gradient, allreduce_dtype(kDouble)) get DDP's own write-back and are unscaled at the scope's
   /// end. `ddp` may be destroyed first. Backward passes outside a scale_loss scope, or with delay_unscale=true, get
   /// DDP's plain average.
-  void attach(ddp::DistributedDataParallel& ddp) { state_->attach(ddp); }
+  ///
+  /// ZeRO (docs/zero.md): with `stage` kOne or kTwo this rank keeps the fp32 masters, master gradients and optimizer
+  /// state of its shard only (slices of DDP's buckets, whose layout attach() freezes), unscales only its slice of
+  /// each bucket (kTwo: DDP reduce-scatters the buckets, so only that slice arrives), agrees on the overflow flag
+  /// with one 1-element allreduce per scale_loss scope, and after each step all-gathers the updated slices into
+  /// every rank's model parameters. Needs one of amp's fused optimizers holding every parameter DDP reduces, and
+  /// must come before the first scale_loss. The loop stays the same; scale_loss scopes, step() and
+  /// amp::clip_grad_norm_ become collective (call them on every rank). Under kTwo every synchronized backward
+  /// must run in a scale_loss scope with delay_unscale=false (accumulate with no_sync).
+  void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone) { state_->attach(ddp, stage); }
+  /// Bytes this rank holds for fp32 masters, the optimizer's gradients and its state (ZeRO shards all three).
+  HeldBytes held_bytes() const { return state_->held_bytes(); }
   torch::optim::Optimizer& inner() { return state_->optimizer(); }
   /// The loss scaler of `loss_id` (scale, diagnostics, device tensors).
   LossScaler& scaler(int64_t loss_id = 0) { return state_->scaler(loss_id); }

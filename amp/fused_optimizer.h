@@ -3,6 +3,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <vector>
+
 namespace amp {
 
 /// Implemented by amp's fused optimizers (amp/fused_optimizers.h). amp::Optimizer::step() hands them the
@@ -21,6 +23,9 @@ class FusedOptimizer {
   /// lr and before each replay. Groups that have not stepped yet are left for their first step. Refused while the
   /// parameters' stream is capturing. See Note [capture-safe step] (kernels/capture.h); untested on a GPU so far.
   virtual void sync_lr() = 0;
+  /// Every state tensor the optimizer holds (moments, momentum buffers, step counts, device learning rates): what
+  /// its state costs in memory (amp::Optimizer::held_bytes).
+  virtual std::vector<at::Tensor> state_tensors() const = 0;
 };
 
 }  // namespace amp

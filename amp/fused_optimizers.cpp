@@ -1,6 +1,7 @@
 #include <amp/fused_optimizers.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -88,6 +89,14 @@ void check_state_consistent(const std::string& prefix, const std::vector<at::Ten
                 " is present but ", prefix, ".step.", i, " is missing");
     TORCH_CHECK(!required || !steps[i].defined() || list[i].defined(), "optimizer checkpoint: ", prefix, ".step.", i,
                 " is present but ", prefix, ".", field, ".", i, " is missing");
+  }
+}
+
+void append_defined(std::vector<at::Tensor>& all, std::initializer_list<const std::vector<at::Tensor>*> lists) {
+  for (const auto* list : lists) {
+    for (const at::Tensor& t : *list) {
+      if (t.defined()) all.push_back(t);
+    }
   }
 }
 
@@ -195,6 +204,15 @@ void FusedAdam::fused_step(at::TensorList model_params, const at::Tensor& found_
 
 void FusedAdam::sync_lr() { sync_group_lrs(param_groups_, groups_state_); }
 
+std::vector<at::Tensor> FusedAdam::state_tensors() const {
+  std::vector<at::Tensor> all;
+  for (const GroupState& st : groups_state_) {
+    append_defined(all, {&st.exp_avg, &st.exp_avg_sq, &st.max_exp_avg_sq, &st.step});
+    if (st.lr.defined()) all.push_back(st.lr);
+  }
+  return all;
+}
+
 void FusedAdam::run(at::TensorList model_params, const at::Tensor& found_inf) {
   auto options_of = [&](size_t g) -> const FusedAdamOptions& {
     return static_cast<const FusedAdamOptions&>(param_groups_[g].options());
@@ -276,6 +294,15 @@ at::Tensor FusedSGD::step(LossClosure closure) {
 void FusedSGD::fused_step(at::TensorList model_params, const at::Tensor& found_inf) { run(model_params, found_inf); }
 
 void FusedSGD::sync_lr() { sync_group_lrs(param_groups_, groups_state_); }
+
+std::vector<at::Tensor> FusedSGD::state_tensors() const {
+  std::vector<at::Tensor> all;
+  for (const GroupState& st : groups_state_) {
+    append_defined(all, {&st.momentum, &st.step});
+    if (st.lr.defined()) all.push_back(st.lr);
+  }
+  return all;
+}
 
 void FusedSGD::run(at::TensorList model_params, const at::Tensor& found_inf) {
   auto options_of = [&](size_t g) -> const FusedSgdOptions& {

@@ -87,6 +87,7 @@ class FusedAdam : public torch::optim::Optimizer, public FusedOptimizer {
   at::Tensor step(LossClosure closure = nullptr) override;
   void fused_step(at::TensorList model_params, const at::Tensor& found_inf) override;
   void sync_lr() override;
+  std::vector<at::Tensor> state_tensors() const override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -115,6 +116,7 @@ class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
   at::Tensor step(LossClosure closure = nullptr) override;
   void fused_step(at::TensorList model_params, const at::Tensor& found_inf) override;
   void sync_lr() override;
+  std::vector<at::Tensor> state_tensors() const override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 

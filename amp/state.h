@@ -17,6 +17,7 @@
 #include <amp/loss_scaler.h>
 #include <amp/options.h>
 #include <amp/step_outcome.h>
+#include <amp/zero.h>
 
 namespace ddp {
 class DistributedDataParallel;
@@ -28,6 +29,12 @@ namespace amp {
 class FusedOptimizer;
 
 namespace detail {
+
+class ZeroShard;
+
+/// Steps between two overflow log lines (the first overflow is always logged): a line per step would drown
+/// a log whenever the scale is settling.
+inline constexpr int64_t kOverflowLogIntervalSteps = 100;
 
 /// One parameter the optimizer updates: the model's tensor (where autograd writes the gradient) and the
 /// tensor the optimizer holds (its fp32 master, or the model tensor itself when it needs no master).
@@ -61,7 +68,11 @@ class State : public std::enable_shared_from_this<State> {
   void abandon_loss() { active_loss_id_ = -1; }
 
   // Data parallel training (see amp::Optimizer::attach).
-  void attach(ddp::DistributedDataParallel& ddp);
+  void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone);
+  /// The ZeRO shard (docs/zero.md) when attach() was given a stage, else null.
+  ZeroShard* zero() const { return zero_.get(); }
+  /// What the optimizer side holds on this rank (see HeldBytes).
+  HeldBytes held_bytes() const;
   /// Unscales and checks one reduced bucket into the optimizer's gradients; false when no loss that unscales is
   /// being backpropagated (DDP then writes the average back as usual).
   bool consume_bucket(const ddp::ReducedBucket& bucket);
@@ -91,6 +102,9 @@ class State : public std::enable_shared_from_this<State> {
   void validate_amp_state(torch::serialize::InputArchive& archive);
 
  private:
+  friend class ZeroShard;
+  /// Refuses what ZeRO runs cannot do yet (docs/zero.md): `what` names it.
+  void check_not_sharded(const char* what) const;
   void create_master_weights(const std::vector<at::Tensor>& fp32_values);
   void check_diagnostics();
 
@@ -122,6 +136,7 @@ class State : public std::enable_shared_from_this<State> {
   std::vector<int64_t> last_logged_step_;
   std::vector<int64_t> overflows_since_log_;
   std::function<void(const std::string&)> logger_;
+  std::unique_ptr<ZeroShard> zero_;  // attach() with a ZeRO stage
 };
 
 }  // namespace detail

@@ -20,6 +20,7 @@
 
 #include <ddp/bucket_copy.h>
 #include <ddp/hash.h>
+#include <ddp/shard_layout.h>
 
 namespace ddp {
 namespace {
@@ -216,7 +217,37 @@ class DistributedDataParallel::Impl {
   void restore_gradient_order(const std::vector<int64_t>& order) {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!in_backward_, "DistributedDataParallel::restore_gradient_order: called during a backward pass");
+    TORCH_CHECK(!frozen_, "DistributedDataParallel::restore_gradient_order: the bucket layout is frozen (ZeRO attached "
+                "to it); restore the order before amp::Optimizer::attach");
     rebuild_buckets(order, /*restoring=*/true);
+  }
+
+  void freeze_bucket_layout() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!in_backward_, "DistributedDataParallel::freeze_bucket_layout: called during a backward pass");
+    rebuilt_ = true;  // no rebuild, no collective for it
+    observed_order_.clear();
+    frozen_ = true;
+  }
+
+  void set_gradient_sharding(bool enabled) {
+    freeze_bucket_layout();
+    std::lock_guard<std::mutex> lock(mutex_);
+    sharded_ = enabled;
+    for (Bucket& b : buckets_) {
+      if (!enabled) {
+        b.wire = b.shard = at::Tensor();
+        continue;
+      }
+      b.shards = shard_bucket(b.buffer.numel(), pg_.size());
+      b.wire = at::zeros({b.shards.chunk * pg_.size()}, b.buffer.options());  // padding stays zero
+      b.shard = at::empty({b.shards.chunk}, b.buffer.options());
+    }
+  }
+
+  bool gradient_sharding() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sharded_;
   }
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -238,6 +269,9 @@ class DistributedDataParallel::Impl {
     at::Tensor buffer;
     int64_t pending = 0;  // parameters of the bucket whose gradient is not ready yet
     c10::intrusive_ptr<c10d::Work> work;
+    // Gradient sharding only: the split, the padded input of the reduce-scatter (slice q at q * chunk), its output.
+    BucketShards shards;
+    at::Tensor wire, shard;
   };
 
   /// Buckets of one dtype and device each, filled in `order` (a permutation of the parameter indices: the order in
@@ -395,13 +429,20 @@ class DistributedDataParallel::Impl {
       grads.push_back(param.grad());
     }
     detail::copy_into_bucket(b.buffer, grads, 1.0 / options_.gradient_predivide_factor());
-    b.work = pg_.allreduce_sum_async(b.buffer);
+    if (sharded_) {
+      for (int q = 0; q < pg_.size(); ++q) {
+        b.wire.narrow(0, q * b.shards.chunk, b.shards.size(q)).copy_(b.buffer.narrow(0, b.shards.begin(q), b.shards.size(q)));
+      }
+      b.work = pg_.reduce_scatter_sum_async(b.shard, b.wire);
+    } else {
+      b.work = pg_.allreduce_sum_async(b.buffer);
+    }
     timeline_.bucket_issued[index] = Clock::now();
   }
 
   std::string bucket_name(size_t index) const {
     const Bucket& b = buckets_[index];
-    return c10::str("allreduce of gradient bucket ", index, " of ", buckets_.size(), " (", b.params.size(),
+    return c10::str(sharded_ ? "reduce-scatter" : "allreduce", " of gradient bucket ", index, " of ", buckets_.size(), " (", b.params.size(),
                     " parameters, ", params_[b.params.front()].name, " .. ", params_[b.params.back()].name, ")");
   }
 
@@ -465,7 +506,11 @@ class DistributedDataParallel::Impl {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       Bucket& b = buckets_[i];
       pg_.wait(b.work, bucket_name(i));
-      ReducedBucket reduced{static_cast<int64_t>(i), b.buffer, {}, {}, average_scale, caller_stream};
+      ReducedBucket reduced{static_cast<int64_t>(i), b.buffer, {}, {}, 0, average_scale, caller_stream};
+      if (sharded_) {
+        reduced.buffer = b.shard.narrow(0, 0, b.shards.size(pg_.rank()));
+        reduced.offset = b.shards.begin(pg_.rank());
+      }
       for (int64_t pi : b.params) {
         reduced.params.push_back(params_[pi].tensor);
         reduced.grads.push_back(params_[pi].tensor.grad());
@@ -475,12 +520,20 @@ class DistributedDataParallel::Impl {
       // before that work has run, whichever stream frees them (the join event orders only the caller's stream).
       if (comm_stream_) {
         b.buffer.record_stream(*comm_stream_);
+        if (sharded_) {
+          b.wire.record_stream(*comm_stream_);
+          b.shard.record_stream(*comm_stream_);
+        }
         for (const at::Tensor& grad : reduced.grads) {
           if (grad.defined()) grad.record_stream(*comm_stream_);
         }
       }
       try {
         const bool consumed = bucket_consumer_ && bucket_consumer_(reduced);
+        TORCH_CHECK(consumed || !sharded_, "DistributedDataParallel: bucket ", i,
+                    " was reduce-scattered (gradient sharding, ZeRO stage 2) but no consumer took it: under ZeRO stage "
+                    "2 every synchronized backward must run inside amp::scale_loss with delay_unscale=false "
+                    "(accumulate under no_sync)");
         if (!consumed) detail::copy_from_bucket(b.buffer, reduced.grads, average_scale);
         if (bucket_reduced_hook_) bucket_reduced_hook_(reduced);
       } catch (...) {
@@ -522,6 +575,8 @@ class DistributedDataParallel::Impl {
   std::vector<int64_t> observed_order_;  // the order of the last complete synchronized pass, until rebuilt
   std::vector<int64_t> rebuilt_order_;   // the order the rebuilt buckets follow (empty: not rebuilt from one)
   bool rebuilt_ = false;
+  bool frozen_ = false;   // freeze_bucket_layout(): never rebuilt or restored again
+  bool sharded_ = false;  // set_gradient_sharding(true): buckets are reduce-scattered
   std::optional<c10::Stream> comm_stream_;  // CUDA only
   std::optional<c10::Event> join_event_;    // orders the caller's stream after the write-back (CUDA only)
 };
@@ -559,6 +614,9 @@ std::vector<int64_t> DistributedDataParallel::gradient_order() const { return im
 void DistributedDataParallel::restore_gradient_order(const std::vector<int64_t>& order) {
   impl_->restore_gradient_order(order);
 }
+void DistributedDataParallel::freeze_bucket_layout() { impl_->freeze_bucket_layout(); }
+void DistributedDataParallel::set_gradient_sharding(bool enabled) { impl_->set_gradient_sharding(enabled); }
+bool DistributedDataParallel::gradient_sharding() const { return impl_->gradient_sharding(); }
 const BackwardTimeline& DistributedDataParallel::last_backward_timeline() const { return impl_->timeline_; }
 
 }  // namespace ddp

@@ -78,6 +78,10 @@ struct ReducedBucket {
   /// hook sees them after the write-back, holding the average over ranks, or, when a consumer took the bucket,
   /// whatever it left there (amp leaves the unscaled average in masterless gradients).
   std::vector<at::Tensor> grads;
+  /// Under gradient sharding (set_gradient_sharding, ZeRO stage 2) buffer holds only this rank's slice of the
+  /// reduced bucket: its elements [offset, offset + buffer.numel()) (ddp/shard_layout.h), and grads[] hold the local
+  /// gradients only. 0 otherwise.
+  int64_t offset = 0;
   /// The factor that turns buffer into the average: gradient_predivide_factor / world_size.
   double average_scale = 1.0;
   /// CUDA: the stream that was current when backward finished, which the caller's later work (the optimizer) runs
@@ -191,6 +195,17 @@ class DistributedDataParallel {
   /// (the buckets are rebuilt after the first backward as usual). Throws on every rank, changing nothing, when rank
   /// 0's order is not a permutation of this module's parameter indices (a checkpoint of another model).
   void restore_gradient_order(const std::vector<int64_t>& order);
+  /// Fixes the bucket layout as it is now: no rebuild from the observed gradient order later. ZeRO shards optimizer
+  /// state along the buckets, so the layout must not move under it. Call it on every rank, outside backward; a
+  /// later restore_gradient_order() is refused.
+  void freeze_bucket_layout();
+  /// ZeRO stage 2 (amp::Optimizer::attach with amp::ZeroStage::kTwo sets it): each bucket is reduce-scattered
+  /// instead of all-reduced, as soon as its gradients are ready, and this rank receives only its slice
+  /// (ddp::shard_bucket over world_size ranks) of the sum; a bucket consumer must take every bucket (nobody else can
+  /// write a whole average back: a bucket nobody takes is an error out of backward). Freezes the bucket layout.
+  /// Call it on every rank, outside backward.
+  void set_gradient_sharding(bool enabled);
+  bool gradient_sharding() const;
   /// Timestamps of the last backward pass that synchronized.
   const BackwardTimeline& last_backward_timeline() const;
 

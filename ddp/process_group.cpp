@@ -462,6 +462,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   return backend_->allreduce(tensors, options);
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_sum_async(at::Tensor& output, at::Tensor& input) const {
+  TORCH_CHECK(input.numel() == output.numel() * size(), "reduce_scatter: input has ", input.numel(),
+              " elements, expected ", size(), " x ", output.numel());
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  return backend_->_reduce_scatter_base(output, input, options);
+}
+
+void ProcessGroup::allgather_into(at::Tensor& output, at::Tensor& input) const {
+  TORCH_CHECK(output.numel() == input.numel() * size(), "allgather: output has ", output.numel(),
+              " elements, expected ", size(), " x ", input.numel());
+  wait(backend_->_allgather_base(output, input), "allgather");
+}
+
+void ProcessGroup::allreduce_sum_(at::Tensor& tensor, const std::string& what) const {
+  if (size() == 1) return;
+  wait(allreduce_sum_async(tensor), what);
+}
+
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
   try {
     work->wait();

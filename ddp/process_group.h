@@ -79,6 +79,18 @@ class ProcessGroup {
   /// returns its work; wait on it with wait(). Host syncs: none (Gloo runs it on its own threads).
   c10::intrusive_ptr<c10d::Work> allreduce_sum_async(at::Tensor& tensor) const;
 
+  /// Starts a SUM reduce-scatter: `input` (contiguous 1-D, size() * output.numel() elements, same on every rank) is
+  /// summed over the ranks and this rank receives elements [rank * n, (rank + 1) * n) of the sum in `output` (n =
+  /// output.numel()). Wait on it with wait(). Host syncs: none.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_sum_async(at::Tensor& output, at::Tensor& input) const;
+
+  /// Blocking all-gather into one flat tensor: `output` (contiguous 1-D, size() * input.numel() elements) receives
+  /// rank q's `input` at [q * n, (q + 1) * n). Same dtype on every rank.
+  void allgather_into(at::Tensor& output, at::Tensor& input) const;
+
+  /// Blocking in-place SUM allreduce of a small tensor (flags, norms).
+  void allreduce_sum_(at::Tensor& tensor, const std::string& what) const;
+
   /// Waits for `work`; a failure (peer gone, timeout) is rethrown as a c10::Error that says which operation
   /// (`what`) failed on which rank and why. Blocks the host for Gloo; for NCCL it only orders the current stream.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;

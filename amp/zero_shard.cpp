@@ -1,0 +1,321 @@
+#include <amp/zero_shard.h>
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <amp/fused_optimizer.h>
+#include <amp/loss_scaler.h>
+#include <amp/state.h>
+#include <ddp/distributed_data_parallel.h>
+#include <kernels/l2_norm.h>
+#include <kernels/scaled_copy.h>
+
+namespace amp::detail {
+namespace {
+
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(storage).second) bytes += static_cast<int64_t>(t.storage().nbytes());
+  }
+  return bytes;
+}
+
+}  // namespace
+
+int64_t held_storage_bytes(const std::vector<at::Tensor>& tensors) { return storage_bytes(tensors); }
+
+ZeroShard::ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage stage)
+    : state_(state), pg_(ddp.process_group()), stage_(stage) {
+  TORCH_CHECK(stage == ZeroStage::kOne || stage == ZeroStage::kTwo, "ZeRO: unknown stage ", static_cast<int>(stage));
+  TORCH_CHECK(state.fused_ != nullptr,
+              "amp: ZeRO needs one of amp's fused optimizers (amp::FusedAdam, FusedAdamW or FusedSGD), which step "
+              "flat shards; got a plain torch::optim optimizer");
+  TORCH_CHECK(state.steps_ == 0 && !state.unscaled_this_step_ && state.active_loss_id_ < 0,
+              "amp: attach(ddp, ZeroStage) must come before the first scale_loss and step(): the optimizer's state is "
+              "created sharded");
+  const auto wire = ddp.options().allreduce_dtype();
+  TORCH_CHECK(!wire || *wire != at::kDouble,
+              "amp: ZeRO does not take allreduce_dtype(kDouble) buckets (the fused kernels read fp32/fp16/bf16)");
+  const int world = pg_.size();
+  const int me = pg_.rank();
+
+  std::unordered_map<std::string, int64_t> slot_of;
+  for (size_t i = 0; i < state.slots_.size(); ++i) slot_of[state.slots_[i].name] = static_cast<int64_t>(i);
+  std::vector<int64_t> group_of(state.slots_.size(), 0);
+  {
+    size_t i = 0;
+    const auto& groups = state.optimizer_->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t k = 0; k < groups[g].params().size(); ++k) group_of[i++] = static_cast<int64_t>(g);
+    }
+  }
+
+  ddp.freeze_bucket_layout();  // Note [ZeRO layout]: the shards follow the buckets
+  const std::vector<ddp::BucketInfo> buckets = ddp.buckets();
+  std::vector<bool> covered(state.slots_.size(), false);
+  std::vector<c10::ScalarType> dtypes;
+  std::vector<int64_t> send_size;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const ddp::BucketInfo& info = buckets[b];
+    std::vector<int64_t> members, starts;
+    int64_t numel = 0;
+    for (const std::string& name : info.parameter_names) {
+      const auto it = slot_of.find(name);
+      TORCH_CHECK(it != slot_of.end(), "amp: ZeRO: parameter '", name,
+                  "' is reduced by DistributedDataParallel but the optimizer does not hold it; ZeRO shards what the "
+                  "optimizer updates, so give the optimizer every parameter that requires grad");
+      const ParamSlot& slot = state.slots_[static_cast<size_t>(it->second)];
+      TORCH_CHECK(slot.model.is_contiguous(), "amp: ZeRO needs contiguous parameters, but '", name, "' is not");
+      members.push_back(it->second);
+      starts.push_back(numel);
+      covered[static_cast<size_t>(it->second)] = true;
+      numel += slot.model.numel();
+    }
+    const c10::ScalarType dtype = state.slots_[static_cast<size_t>(members.front())].model.scalar_type();
+    size_t d = 0;
+    while (d < dtypes.size() && dtypes[d] != dtype) ++d;
+    if (d == dtypes.size()) {
+      dtypes.push_back(dtype);
+      send_size.push_back(0);
+    }
+    shards_.push_back(ddp::shard_bucket(numel, world));
+    const ddp::BucketShards& s = shards_.back();
+    my_pieces_.emplace_back();
+    for (int q = 0; q < world; ++q) {
+      const int64_t lo = s.begin(q), hi = lo + s.size(q);
+      for (size_t k = 0; k < members.size(); ++k) {
+        const int64_t p_lo = starts[k], p_hi = starts[k] + state.slots_[static_cast<size_t>(members[k])].model.numel();
+        const int64_t a = std::max(lo, p_lo), e = std::min(hi, p_hi);
+        if (a >= e) continue;
+        Piece piece;
+        piece.slot = members[k];
+        piece.param_offset = a - p_lo;
+        piece.numel = e - a;
+        piece.bucket = static_cast<int64_t>(b);
+        piece.bucket_offset = a;
+        piece.rank = q;
+        piece.dtype = d;
+        piece.send_offset = send_size[d] + (a - lo);
+        piece.group = group_of[static_cast<size_t>(members[k])];
+        if (q == me) my_pieces_.back().push_back(pieces_.size());
+        pieces_.push_back(piece);
+      }
+    }
+    send_size[d] += s.chunk;
+    chunk_offset_.push_back(chunk_total_);
+    chunk_total_ += s.chunk;
+  }
+  for (size_t i = 0; i < state.slots_.size(); ++i) {
+    TORCH_CHECK(covered[i], "amp: ZeRO: the optimizer holds '", state.slots_[i].name,
+                "' but DistributedDataParallel does not reduce it (requires_grad=false?); remove it from the optimizer");
+  }
+
+  // This rank's shard: fp32 masters taken from the full masters (or the fp32 parameters), the send buffers from the
+  // model's current values (what a skipped first step all-gathers back).
+  int64_t shard_numel = 0;
+  for (const auto& mine : my_pieces_) {
+    for (size_t i : mine) {
+      pieces_[i].shard_offset = shard_numel;
+      shard_numel += pieces_[i].numel;
+    }
+  }
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(state.device_);
+  masters_ = at::empty({shard_numel}, fp32);
+  grads_ = at::zeros({shard_numel}, fp32);
+  for (size_t d = 0; d < dtypes.size(); ++d) send_.push_back(at::zeros({send_size[d]}, fp32.dtype(dtypes[d])));
+  at::NoGradGuard no_grad;
+  for (const auto& mine : my_pieces_) {
+    for (size_t i : mine) {
+      Piece& p = pieces_[i];
+      const ParamSlot& slot = state.slots_[static_cast<size_t>(p.slot)];
+      const at::Tensor& full = slot.has_master ? slot.master : slot.model;
+      p.held = masters_.narrow(0, p.shard_offset, p.numel);
+      p.held.copy_(full.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
+      p.grad = grads_.narrow(0, p.shard_offset, p.numel);
+      p.out = send_[p.dtype].narrow(0, p.send_offset, p.numel);
+      p.out.copy_(slot.model.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
+    }
+  }
+  // The optimizer now holds the pieces, group by group, in bucket order; the full masters are dropped.
+  auto& groups = state.optimizer_->param_groups();
+  std::vector<std::vector<at::Tensor>> held(groups.size());
+  for (const auto& mine : my_pieces_) {
+    for (size_t i : mine) held[static_cast<size_t>(pieces_[i].group)].push_back(pieces_[i].held);
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& mine : my_pieces_) {
+      for (size_t i : mine) {
+        if (pieces_[i].group == static_cast<int64_t>(g)) step_order_.push_back(i);
+      }
+    }
+    groups[g].params() = std::move(held[g]);
+  }
+  for (ParamSlot& slot : state.slots_) {
+    slot.master = slot.model;
+    slot.has_master = false;
+  }
+  if (stage == ZeroStage::kTwo) ddp.set_gradient_sharding(true);
+}
+
+void ZeroShard::accumulate(const std::vector<size_t>& pieces, const std::vector<at::Tensor>& src,
+                           const at::Tensor& scale, LossScaler& scaler) {
+  if (pieces.empty()) return;
+  // A piece that already holds a gradient (an earlier loss of this step) gets this one's share added.
+  std::vector<at::Tensor> dst, scratch;
+  std::vector<size_t> scratch_piece;
+  std::vector<int64_t> index;
+  for (size_t i : pieces) {
+    Piece& p = pieces_[i];
+    index.push_back(p.slot);
+    if (p.has_grad) {
+      scratch.push_back(at::empty_like(p.grad));
+      scratch_piece.push_back(i);
+      dst.push_back(scratch.back());
+    } else {
+      dst.push_back(p.grad);
+    }
+  }
+  kernels::scaled_copy_(src, dst, scale, scaler.found_inf(), scaler.first_nonfinite_index(), index);
+  for (size_t k = 0; k < scratch.size(); ++k) pieces_[scratch_piece[k]].grad.add_(scratch[k]);
+  for (size_t i : pieces) {
+    Piece& p = pieces_[i];
+    if (!p.has_grad) p.held.mutable_grad() = p.grad;
+    p.has_grad = true;
+  }
+}
+
+bool ZeroShard::consume_bucket(const ddp::ReducedBucket& bucket, LossScaler& scaler, at::Tensor& bucket_scale) {
+  if (state_.active_loss_id_ < 0 || state_.active_delay_unscale_) return false;
+  TORCH_CHECK(bucket.index >= 0 && bucket.index < static_cast<int64_t>(my_pieces_.size()),
+              "amp: ZeRO got bucket ", bucket.index, " of a layout with ", my_pieces_.size(), " buckets");
+  const std::vector<size_t>& mine = my_pieces_[static_cast<size_t>(bucket.index)];
+  std::vector<at::Tensor> src;
+  for (size_t i : mine) src.push_back(bucket.buffer.narrow(0, pieces_[i].bucket_offset - bucket.offset, pieces_[i].numel));
+  bucket_scale.copy_(scaler.inv_scale()).mul_(bucket.average_scale);
+  accumulate(mine, src, bucket_scale, scaler);
+  // The rest of the bucket's gradients belong to other ranks' shards: freed.
+  for (const at::Tensor& param : bucket.params) const_cast<at::Tensor&>(param).mutable_grad() = at::Tensor();
+  return true;
+}
+
+void ZeroShard::end_loss(LossScaler& scaler) {
+  // Stage 1, buckets DDP wrote back itself (backward outside an attached scope, or delay_unscale): this rank's
+  // pieces of the averaged gradients.
+  std::vector<size_t> pieces;
+  std::vector<at::Tensor> src;
+  for (const auto& mine : my_pieces_) {
+    for (size_t i : mine) {
+      const at::Tensor& grad = state_.slots_[static_cast<size_t>(pieces_[i].slot)].model.grad();
+      if (!grad.defined()) continue;
+      pieces.push_back(i);
+      src.push_back(grad.contiguous().reshape({-1}).narrow(0, pieces_[i].param_offset, pieces_[i].numel));
+    }
+  }
+  accumulate(pieces, src, scaler.inv_scale(), scaler);
+  for (ParamSlot& slot : state_.slots_) slot.model.mutable_grad() = at::Tensor();
+  // Each rank checked only its shard: one allreduce makes the flag (and so the scale update and the skip) agree.
+  at::Tensor flag = scaler.found_inf();
+  pg_.allreduce_sum_(flag, "ZeRO overflow flag allreduce");
+}
+
+void ZeroShard::step(FusedOptimizer& fused, const at::Tensor& found_inf) {
+  std::vector<at::Tensor> outs;
+  outs.reserve(step_order_.size());
+  for (size_t i : step_order_) outs.push_back(pieces_[i].out);
+  fused.fused_step(outs, found_inf);
+  at::NoGradGuard no_grad;
+  for (size_t d = 0; d < send_.size(); ++d) {
+    const int64_t n = send_[d].numel();
+    at::Tensor gathered = at::empty({n * pg_.size()}, send_[d].options());
+    if (pg_.size() == 1) {
+      gathered.copy_(send_[d]);
+    } else {
+      pg_.allgather_into(gathered, send_[d]);
+    }
+    std::vector<at::Tensor> src, dst;
+    for (const Piece& p : pieces_) {
+      if (p.dtype != d) continue;
+      src.push_back(gathered.narrow(0, p.rank * n + p.send_offset, p.numel));
+      dst.push_back(state_.slots_[static_cast<size_t>(p.slot)].model.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
+    }
+    if (!src.empty()) kernels::scaled_copy_(src, dst, 1.0);
+  }
+}
+
+std::vector<at::Tensor> ZeroShard::grads() const {
+  std::vector<at::Tensor> out;
+  for (size_t i : step_order_) {
+    if (pieces_[i].has_grad) out.push_back(pieces_[i].grad);
+  }
+  return out;
+}
+
+void ZeroShard::zero_grad() {
+  for (size_t i : step_order_) {
+    pieces_[i].held.mutable_grad() = at::Tensor();
+    pieces_[i].has_grad = false;
+  }
+}
+
+at::Tensor ZeroShard::clip_grad_norm_(double max_norm, const at::Tensor& found_inf) {
+  const auto max_norm_f = static_cast<float>(max_norm);
+  TORCH_CHECK(max_norm_f > 0.0f, "max_norm must be > 0 (as a float32; +inf never clips), got ", max_norm);
+  const std::vector<at::Tensor> local = grads();
+  const auto fp64 = at::TensorOptions().dtype(at::kDouble).device(masters_.device());
+  // The sum of squares of this shard in fp64 (the l2 norm kernel's own accumulation), summed over the ranks.
+  at::Tensor sum_sq = local.empty() ? at::zeros({1}, fp64)
+                                    : kernels::l2_norm(local).total.to(at::kDouble).square().reshape({1});
+  pg_.allreduce_sum_(sum_sq, "ZeRO gradient norm allreduce");
+  const at::Tensor total = sum_sq.sqrt().to(at::kFloat).reshape({});
+  const at::Tensor finite = at::isfinite(total);
+  found_inf.add_(finite.logical_not().to(at::kFloat).reshape({1}));
+  // kernels::clip_coefficient on the device: max_norm / (norm + eps) in fp32 when < 1, else 1; 1 when not finite.
+  at::Tensor coef = at::full({}, max_norm_f, total.options()).div(total.add(1e-6f)).clamp_max(1.0f);
+  coef = at::where(finite, coef, at::ones_like(coef));
+  for (const at::Tensor& g : local) const_cast<at::Tensor&>(g).mul_(coef);
+  return total;
+}
+
+std::vector<at::Tensor> ZeroShard::full_masters() const {
+  at::Tensor mine = at::zeros({chunk_total_}, masters_.options());
+  for (const auto& pieces : my_pieces_) {
+    for (size_t i : pieces) {
+      const Piece& p = pieces_[i];
+      mine.narrow(0, chunk_offset_[static_cast<size_t>(p.bucket)] + p.bucket_offset -
+                         shards_[static_cast<size_t>(p.bucket)].begin(p.rank), p.numel)
+          .copy_(p.held.detach());
+    }
+  }
+  at::Tensor all = at::empty({chunk_total_ * pg_.size()}, mine.options());
+  if (pg_.size() == 1) {
+    all.copy_(mine);
+  } else {
+    pg_.allgather_into(all, mine);
+  }
+  std::vector<at::Tensor> full;
+  for (const ParamSlot& slot : state_.slots_) full.push_back(at::empty(slot.model.sizes(), masters_.options()));
+  for (const Piece& p : pieces_) {
+    const int64_t at_ = p.rank * chunk_total_ + chunk_offset_[static_cast<size_t>(p.bucket)] + p.bucket_offset -
+                        shards_[static_cast<size_t>(p.bucket)].begin(p.rank);
+    full[static_cast<size_t>(p.slot)].view({-1}).narrow(0, p.param_offset, p.numel).copy_(all.narrow(0, at_, p.numel));
+  }
+  return full;
+}
+
+HeldBytes ZeroShard::held_bytes(const FusedOptimizer& fused) const {
+  HeldBytes bytes;
+  bytes.masters = storage_bytes({masters_});
+  bytes.master_grads = storage_bytes({grads_});
+  bytes.optimizer_state = storage_bytes(fused.state_tensors());
+  return bytes;
+}
+
+}  // namespace amp::detail
