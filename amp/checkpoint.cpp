@@ -26,6 +26,8 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <iomanip>
 #include <iterator>
 #include <sstream>
@@ -39,6 +41,7 @@
 #include <torch/serialize/archive.h>
 
 #include <amp/atomic_file.h>
+#include <amp/zero_shard.h>
 #include <ddp/hash.h>
 
 namespace amp::detail {
@@ -213,6 +216,23 @@ void read_parts(const std::string& path, const c10::Device& device, Parts& parts
   }
 }
 
+/// Puts back the optimizer state `before` (what save() wrote before a load was tried).
+void restore_optimizer(State& state, torch::serialize::OutputArchive& before) {
+  std::stringstream bytes;
+  before.save_to(bytes);
+  torch::serialize::InputArchive restore;
+  restore.load_from(bytes);
+  state.optimizer().load(restore);
+}
+
+void apply_loaded(State& state, std::vector<std::pair<at::Tensor, at::Tensor>>& model_copies, Parts& parts,
+                  CheckpointExtras* extras);
+
+/// Reads and checks every part and loads the optimizer (restored if that fails); returns what applies the rest
+/// (model values, amp state, extras): called at once unless `defer`.
+std::function<void()> load_checked_parts(const std::string& path, State& state, CheckpointExtras* extras,
+                                         bool defer = false);
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, State& state, const CheckpointExtras& extras) {
@@ -225,9 +245,14 @@ void save_checkpoint(const std::string& path, State& state, const CheckpointExtr
     extra_names += entry.first + "\n";
   }
   torch::serialize::OutputArchive model, optimizer, amp_state, all;
+  ZeroShard* const zero = state.zero();
   checked(path, "cannot save it: ", [&] {
-    state.save_model(model);
-    state.optimizer().save(optimizer);
+    state.save_model(model);  // ZeRO: the masters gathered from every rank (collective)
+    if (zero != nullptr) {
+      zero->save_consolidated_optimizer(optimizer);  // in the unsharded layout (collective)
+    } else {
+      state.optimizer().save(optimizer);
+    }
     state.save(amp_state);
     all.write(kFormatKey, at::tensor({kFormatVersion}, at::kLong));
     write_entry(all, kTypePart, type_name(state.optimizer()));
@@ -239,14 +264,54 @@ void save_checkpoint(const std::string& path, State& state, const CheckpointExtr
       for (const auto& [name, bytes] : extras) write_entry(all, kExtraPrefix + name, bytes);
     }
   });
-  try {
-    save_archive_atomically(all, path);
-  } catch (const std::exception& e) {
-    throw c10::Error(message_of(e));  // write_file_atomically's message names the path already
+  // ZeRO: rank 0 writes the consolidated file, and every rank learns whether that worked.
+  std::string failure;
+  if (zero == nullptr || zero->rank() == 0) {
+    try {
+      save_archive_atomically(all, path);
+    } catch (const std::exception& e) {
+      failure = message_of(e);  // write_file_atomically's message names the path already
+      if (zero == nullptr) throw c10::Error(failure);
+    }
+  }
+  if (zero != nullptr && zero->count_failures(failure.empty()) > 0) {
+    fail(path, failure.empty() ? std::string("rank 0 could not write it") : failure);
   }
 }
 
 void load_checkpoint(const std::string& path, State& state, CheckpointExtras* extras) {
+  ZeroShard* const zero = state.zero();
+  if (zero == nullptr) {
+    load_checked_parts(path, state, extras);
+    return;
+  }
+  // ZeRO: every rank reads the (consolidated) file and takes its shard; a failure on any rank fails every rank,
+  // and nothing changes anywhere (the optimizer is restored where it had been loaded).
+  std::string failure;
+  torch::serialize::OutputArchive before;
+  state.optimizer().save(before);
+  std::function<void()> apply;
+  try {
+    apply = load_checked_parts(path, state, extras, /*defer=*/true);
+  } catch (const std::exception& e) {
+    failure = message_of(e);
+  }
+  const int64_t failed = zero->count_failures(failure.empty());
+  if (failed == 0) {
+    apply();
+    return;
+  }
+  if (failure.empty()) {  // another rank failed: undo the optimizer load here
+    restore_optimizer(state, before);
+    fail(path, std::to_string(failed) + " other rank(s) could not load it; nothing was changed");
+  }
+  throw c10::Error(failure);
+}
+
+namespace {
+
+std::function<void()> load_checked_parts(const std::string& path, State& state, CheckpointExtras* extras,
+                                         bool defer) {
   Parts parts;
   read_parts(path, state.device(), parts);
   const std::string loading = type_name(state.optimizer());
@@ -257,19 +322,33 @@ void load_checkpoint(const std::string& path, State& state, CheckpointExtras* ex
   // Check model and amp parts without changing anything; then the optimizer, restored on failure; then apply.
   auto model_copies = checked(path, "", [&] { return state.prepare_model_load(parts.model); });
   checked(path, "", [&] { state.validate_amp_state(parts.amp); });
+  torch::serialize::InputArchive sharded;  // ZeRO: this rank's pieces of the unsharded optimizer state
+  torch::serialize::InputArchive& optimizer_part = state.zero() != nullptr ? sharded : parts.optimizer;
+  if (state.zero() != nullptr) {
+    const std::string bytes = checked(path, "its optimizer part does not fit this " + loading + ": ",
+                                      [&] { return state.zero()->shard_optimizer_archive(parts.optimizer); });
+    sharded.load_from(bytes.data(), bytes.size(), state.device());
+  }
   torch::serialize::OutputArchive before;
   state.optimizer().save(before);
   try {
-    state.optimizer().load(parts.optimizer);
+    state.optimizer().load(optimizer_part);
   } catch (const std::exception& e) {
     const std::string why = message_of(e);
-    std::stringstream bytes;
-    before.save_to(bytes);
-    torch::serialize::InputArchive restore;
-    restore.load_from(bytes);
-    state.optimizer().load(restore);
+    restore_optimizer(state, before);
     fail(path, "its optimizer part does not fit this " + loading + ": " + why);
   }
+  auto shared = std::make_shared<Parts>(std::move(parts));
+  auto copies = std::make_shared<decltype(model_copies)>(std::move(model_copies));
+  std::function<void()> apply = [&state, extras, shared, copies] {
+    apply_loaded(state, *copies, *shared, extras);
+  };
+  if (!defer) apply();
+  return apply;
+}
+
+void apply_loaded(State& state, std::vector<std::pair<at::Tensor, at::Tensor>>& model_copies, Parts& parts,
+                  CheckpointExtras* extras) {
   {
     at::NoGradGuard no_grad;
     for (auto& [dest, value] : model_copies) dest.copy_(value);
@@ -277,5 +356,7 @@ void load_checkpoint(const std::string& path, State& state, CheckpointExtras* ex
   state.load(parts.amp);
   if (extras != nullptr) *extras = std::move(parts.extras);
 }
+
+}  // namespace
 
 }  // namespace amp::detail

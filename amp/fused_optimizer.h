@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <string>
 #include <vector>
 
 namespace amp {
@@ -26,6 +27,9 @@ class FusedOptimizer {
   /// Every state tensor the optimizer holds (moments, momentum buffers, step counts, device learning rates): what
   /// its state costs in memory (amp::Optimizer::held_bytes).
   virtual std::vector<at::Tensor> state_tensors() const = 0;
+  /// The per-parameter entries save() writes, as `group<g>.<field>.<i>`: "step" (a 1-element count) first, then
+  /// the elementwise ones (shaped like the parameter). ZeRO re-shards checkpoints by these names.
+  virtual std::vector<std::string> state_fields() const = 0;
 };
 
 }  // namespace amp

@@ -204,6 +204,10 @@ void FusedAdam::fused_step(at::TensorList model_params, const at::Tensor& found_
 
 void FusedAdam::sync_lr() { sync_group_lrs(param_groups_, groups_state_); }
 
+std::vector<std::string> FusedAdam::state_fields() const {
+  return {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+}
+
 std::vector<at::Tensor> FusedAdam::state_tensors() const {
   std::vector<at::Tensor> all;
   for (const GroupState& st : groups_state_) {
@@ -294,6 +298,8 @@ at::Tensor FusedSGD::step(LossClosure closure) {
 void FusedSGD::fused_step(at::TensorList model_params, const at::Tensor& found_inf) { run(model_params, found_inf); }
 
 void FusedSGD::sync_lr() { sync_group_lrs(param_groups_, groups_state_); }
+
+std::vector<std::string> FusedSGD::state_fields() const { return {"step", "momentum"}; }
 
 std::vector<at::Tensor> FusedSGD::state_tensors() const {
   std::vector<at::Tensor> all;

@@ -88,6 +88,7 @@ class FusedAdam : public torch::optim::Optimizer, public FusedOptimizer {
   void fused_step(at::TensorList model_params, const at::Tensor& found_inf) override;
   void sync_lr() override;
   std::vector<at::Tensor> state_tensors() const override;
+  std::vector<std::string> state_fields() const override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -117,6 +118,7 @@ class FusedSGD : public torch::optim::Optimizer, public FusedOptimizer {
   void fused_step(at::TensorList model_params, const at::Tensor& found_inf) override;
   void sync_lr() override;
   std::vector<at::Tensor> state_tensors() const override;
+  std::vector<std::string> state_fields() const override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 

@@ -99,12 +99,6 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
   outcome_ = std::make_unique<StepOutcome>(device_);
 }
 
-void State::check_not_sharded(const char* what) const {
-  TORCH_CHECK(zero_ == nullptr, "amp: ", what,
-              " is not available yet for a ZeRO-sharded optimizer (attach with a ZeroStage): each rank holds only its "
-              "shard of the fp32 masters and optimizer state; see docs/zero.md for what ZeRO runs support");
-}
-
 HeldBytes State::held_bytes() const {
   if (zero_ != nullptr && fused_ != nullptr) return zero_->held_bytes(*fused_);
   HeldBytes bytes;

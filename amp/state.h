@@ -103,8 +103,6 @@ class State : public std::enable_shared_from_this<State> {
 
  private:
   friend class ZeroShard;
-  /// Refuses what ZeRO runs cannot do yet (docs/zero.md): `what` names it.
-  void check_not_sharded(const char* what) const;
   void create_master_weights(const std::vector<at::Tensor>& fp32_values);
   void check_diagnostics();
 

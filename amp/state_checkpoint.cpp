@@ -12,6 +12,8 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
+#include <amp/zero_shard.h>
+
 namespace amp::detail {
 
 void State::save(torch::serialize::OutputArchive& archive) const {
@@ -70,12 +72,17 @@ void State::load(torch::serialize::InputArchive& archive) {
 }
 
 void State::save_model(torch::serialize::OutputArchive& archive) const {
-  check_not_sharded("saving the model's fp32 values");
   std::unordered_map<const void*, const ParamSlot*> slot_of;
   for (const auto& slot : slots_) slot_of[slot.model.unsafeGetTensorImpl()] = &slot;
+  // ZeRO: every rank's shard of the masters, gathered (collective).
+  const std::vector<at::Tensor> gathered = zero_ != nullptr ? zero_->full_masters() : std::vector<at::Tensor>();
   for (const auto& p : module_->named_parameters(true)) {
     auto it = slot_of.find(p.value().unsafeGetTensorImpl());
-    const at::Tensor& value = it != slot_of.end() && it->second->has_master ? it->second->master : p.value();
+    const at::Tensor& value =
+        it == slot_of.end()                        ? p.value()
+        : !gathered.empty()                        ? gathered[static_cast<size_t>(it->second - slots_.data())]
+        : it->second->has_master                   ? it->second->master
+                                                   : p.value();
     archive.write(p.key(), value.detach().to(at::kFloat).cpu());
   }
   for (const auto& b : module_->named_buffers(true)) {
@@ -91,7 +98,6 @@ void State::load_model(torch::serialize::InputArchive& archive) {
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::serialize::InputArchive& archive) {
-  check_not_sharded("loading the model's fp32 values");
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, fp32 value)
   std::unordered_map<const void*, const ParamSlot*> slot_of;
   for (const auto& slot : slots_) slot_of[slot.model.unsafeGetTensorImpl()] = &slot;
@@ -110,6 +116,15 @@ std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::
   }
   for (const auto& b : module_->named_buffers(true))
     assignments.emplace_back(b.value(), read(b.key(), b.value(), true));
+  if (zero_ != nullptr) {  // this rank's shard of the masters, from the same values
+    std::vector<at::Tensor> values(slots_.size());
+    for (const auto& [dest, value] : assignments) {
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i].model.is_same(dest)) values[i] = value.to(at::kFloat);
+      }
+    }
+    zero_->master_copies(values, assignments);
+  }
   return assignments;
 }
 

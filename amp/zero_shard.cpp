@@ -1,11 +1,13 @@
 #include <amp/zero_shard.h>
 
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
 
 #include <amp/fused_optimizer.h>
 #include <amp/loss_scaler.h>
@@ -50,11 +52,15 @@ ZeroShard::ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage 
   std::unordered_map<std::string, int64_t> slot_of;
   for (size_t i = 0; i < state.slots_.size(); ++i) slot_of[state.slots_[i].name] = static_cast<int64_t>(i);
   std::vector<int64_t> group_of(state.slots_.size(), 0);
+  slot_index_in_group_.assign(state.slots_.size(), 0);
   {
     size_t i = 0;
     const auto& groups = state.optimizer_->param_groups();
     for (size_t g = 0; g < groups.size(); ++g) {
-      for (size_t k = 0; k < groups[g].params().size(); ++k) group_of[i++] = static_cast<int64_t>(g);
+      for (size_t k = 0; k < groups[g].params().size(); ++k) {
+        slot_index_in_group_[i] = static_cast<int64_t>(k);
+        group_of[i++] = static_cast<int64_t>(g);
+      }
     }
   }
 
@@ -153,11 +159,14 @@ ZeroShard::ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage 
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const auto& mine : my_pieces_) {
       for (size_t i : mine) {
-        if (pieces_[i].group == static_cast<int64_t>(g)) step_order_.push_back(i);
+        if (pieces_[i].group != static_cast<int64_t>(g)) continue;
+        step_order_.push_back(i);
       }
     }
     groups[g].params() = std::move(held[g]);
   }
+  std::vector<int64_t> next_in_group(groups.size(), 0);
+  for (size_t i : step_order_) pieces_[i].index_in_group = next_in_group[static_cast<size_t>(pieces_[i].group)]++;
   for (ParamSlot& slot : state.slots_) {
     slot.master = slot.model;
     slot.has_master = false;
@@ -284,30 +293,146 @@ at::Tensor ZeroShard::clip_grad_norm_(double max_norm, const at::Tensor& found_i
   return total;
 }
 
-std::vector<at::Tensor> ZeroShard::full_masters() const {
-  at::Tensor mine = at::zeros({chunk_total_}, masters_.options());
+int64_t ZeroShard::chunk_position(const Piece& p) const {
+  return chunk_offset_[static_cast<size_t>(p.bucket)] + p.bucket_offset -
+         shards_[static_cast<size_t>(p.bucket)].begin(p.rank);
+}
+
+at::Tensor ZeroShard::gather_chunks(int64_t width,
+                                    const std::function<void(const Piece&, int64_t, at::Tensor)>& fill) const {
+  at::Tensor mine = at::zeros({width * chunk_total_}, masters_.options());
   for (const auto& pieces : my_pieces_) {
     for (size_t i : pieces) {
       const Piece& p = pieces_[i];
-      mine.narrow(0, chunk_offset_[static_cast<size_t>(p.bucket)] + p.bucket_offset -
-                         shards_[static_cast<size_t>(p.bucket)].begin(p.rank), p.numel)
-          .copy_(p.held.detach());
+      for (int64_t w = 0; w < width; ++w) fill(p, w, mine.narrow(0, w * chunk_total_ + chunk_position(p), p.numel));
     }
   }
-  at::Tensor all = at::empty({chunk_total_ * pg_.size()}, mine.options());
+  at::Tensor all = at::empty({mine.numel() * pg_.size()}, mine.options());
   if (pg_.size() == 1) {
     all.copy_(mine);
   } else {
     pg_.allgather_into(all, mine);
   }
+  return all;
+}
+
+std::vector<at::Tensor> ZeroShard::full_masters() const {
+  const at::Tensor all =
+      gather_chunks(1, [](const Piece& p, int64_t, at::Tensor dst) { dst.copy_(p.held.detach()); });
   std::vector<at::Tensor> full;
   for (const ParamSlot& slot : state_.slots_) full.push_back(at::empty(slot.model.sizes(), masters_.options()));
   for (const Piece& p : pieces_) {
-    const int64_t at_ = p.rank * chunk_total_ + chunk_offset_[static_cast<size_t>(p.bucket)] + p.bucket_offset -
-                        shards_[static_cast<size_t>(p.bucket)].begin(p.rank);
-    full[static_cast<size_t>(p.slot)].view({-1}).narrow(0, p.param_offset, p.numel).copy_(all.narrow(0, at_, p.numel));
+    full[static_cast<size_t>(p.slot)].view({-1}).narrow(0, p.param_offset, p.numel).copy_(
+        all.narrow(0, p.rank * chunk_total_ + chunk_position(p), p.numel));
   }
   return full;
+}
+
+void ZeroShard::save_consolidated_optimizer(torch::serialize::OutputArchive& archive) const {
+  // This rank's pieces as the optimizer saves them, read back by key.
+  torch::serialize::OutputArchive own;
+  state_.optimizer_->save(own);
+  std::ostringstream bytes;
+  own.save_to(bytes);
+  const std::string text = bytes.str();
+  torch::serialize::InputArchive in;
+  in.load_from(text.data(), text.size());
+  for (const std::string& field : state_.fused_->state_fields()) {
+    const bool scalar = field == "step";
+    // Per element: the value, and 1 where the piece has this entry (a parameter gets state at its first gradient).
+    const at::Tensor all = gather_chunks(2, [&](const Piece& p, int64_t w, at::Tensor dst) {
+      at::Tensor value;
+      if (!in.try_read("group" + std::to_string(p.group) + "." + field + "." + std::to_string(p.index_in_group),
+                       value)) {
+        return;
+      }
+      if (w == 1) {
+        dst.fill_(1.0);
+      } else if (scalar) {
+        dst.copy_(value.reshape({1}).to(at::kFloat).expand({p.numel}));
+      } else {
+        dst.copy_(value.reshape({-1}));
+      }
+    });
+    std::vector<at::Tensor> full(state_.slots_.size());
+    std::vector<int> present(state_.slots_.size(), -1);  // -1 unknown, 0 absent, 1 present
+    for (const Piece& p : pieces_) {
+      const int64_t at_ = p.rank * 2 * chunk_total_ + chunk_position(p);
+      const at::Tensor flags = all.narrow(0, at_ + chunk_total_, p.numel);
+      const double lo = flags.min().item<double>(), hi = flags.max().item<double>();
+      const int has = lo == 1.0 ? 1 : 0;
+      const size_t j = static_cast<size_t>(p.slot);
+      TORCH_CHECK(lo == hi && (present[j] < 0 || present[j] == has), "ZeRO: the ranks disagree on whether '",
+                  state_.slots_[j].name, "' has optimizer state '", field, "' (a corrupt shard?)");
+      present[j] = has;
+      if (!has) continue;
+      const at::Tensor values = all.narrow(0, at_, p.numel);
+      if (scalar) {
+        if (!full[j].defined()) full[j] = values.narrow(0, 0, 1).clone();
+      } else {
+        if (!full[j].defined()) full[j] = at::empty({state_.slots_[j].model.numel()}, masters_.options());
+        full[j].narrow(0, p.param_offset, p.numel).copy_(values);
+      }
+    }
+    for (size_t j = 0; j < full.size(); ++j) {
+      if (!full[j].defined()) continue;
+      const ParamSlot& slot = state_.slots_[j];
+      // The group of slot j: the group of any of its pieces.
+      int64_t group = 0;
+      for (const Piece& p : pieces_) {
+        if (p.slot == static_cast<int64_t>(j)) {
+          group = p.group;
+          break;
+        }
+      }
+      archive.write("group" + std::to_string(group) + "." + field + "." + std::to_string(slot_index_in_group_[j]),
+                    (scalar ? full[j].reshape({1}) : full[j].view(slot.model.sizes())).cpu());
+    }
+  }
+}
+
+std::string ZeroShard::shard_optimizer_archive(torch::serialize::InputArchive& full) const {
+  torch::serialize::OutputArchive out;
+  for (size_t i : step_order_) {
+    const Piece& p = pieces_[i];
+    const ParamSlot& slot = state_.slots_[static_cast<size_t>(p.slot)];
+    for (const std::string& field : state_.fused_->state_fields()) {
+      const std::string prefix = "group" + std::to_string(p.group) + "." + field + ".";
+      const std::string key = prefix + std::to_string(slot_index_in_group_[static_cast<size_t>(p.slot)]);
+      at::Tensor value;
+      if (!full.try_read(key, value)) continue;
+      if (field == "step") {
+        TORCH_CHECK(value.numel() == 1, "optimizer checkpoint: ", key, " has ", value.numel(),
+                    " elements but a step count has 1");
+        out.write(prefix + std::to_string(p.index_in_group), value);
+        continue;
+      }
+      TORCH_CHECK(value.numel() == slot.model.numel(), "optimizer checkpoint: ", key, " has ", value.numel(),
+                  " elements but '", slot.name, "' has ", slot.model.numel());
+      out.write(prefix + std::to_string(p.index_in_group), value.reshape({-1}).narrow(0, p.param_offset, p.numel).clone());
+    }
+  }
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  return bytes.str();
+}
+
+void ZeroShard::master_copies(const std::vector<at::Tensor>& values,
+                              std::vector<std::pair<at::Tensor, at::Tensor>>& out) const {
+  TORCH_CHECK(values.size() == state_.slots_.size(), "ZeRO: ", values.size(), " values for ",
+              state_.slots_.size(), " parameters");
+  for (size_t i : step_order_) {
+    const Piece& p = pieces_[i];
+    const at::Tensor part = values[static_cast<size_t>(p.slot)].reshape({-1}).narrow(0, p.param_offset, p.numel);
+    out.emplace_back(p.held, part);
+    out.emplace_back(p.out, part);
+  }
+}
+
+int64_t ZeroShard::count_failures(bool ok) const {
+  at::Tensor flag = at::full({1}, ok ? 0.0 : 1.0, masters_.options());
+  pg_.allreduce_sum_(flag, "ZeRO checkpoint agreement allreduce");
+  return static_cast<int64_t>(flag.item<float>());
 }
 
 HeldBytes ZeroShard::held_bytes(const FusedOptimizer& fused) const {

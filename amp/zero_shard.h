@@ -4,9 +4,13 @@
 // through amp::Optimizer::attach(ddp, amp::ZeroStage).
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/serialize/archive.h>
 
 #include <amp/zero.h>
 #include <ddp/process_group.h>
@@ -66,6 +70,21 @@ class ZeroShard {
   /// Collective. For checkpoints and tests: it materializes the whole model in fp32 on every rank.
   std::vector<at::Tensor> full_masters() const;
 
+  // Checkpoints (docs/zero.md). A consolidated checkpoint is the file a non-sharded run writes, so it loads at any
+  // world size, and into plain DDP + amp and back.
+  /// Every parameter's optimizer state assembled from all ranks' pieces in the unsharded layout (`group<g>.<field>.<j>`
+  /// for the parameter's index j in group g): what the optimizer's save() writes without ZeRO. Collective.
+  void save_consolidated_optimizer(torch::serialize::OutputArchive& archive) const;
+  /// From an archive in the unsharded layout, this rank's pieces, as the bytes of an archive the optimizer's load()
+  /// takes. Checks every entry's size first; changes nothing.
+  std::string shard_optimizer_archive(torch::serialize::InputArchive& full) const;
+  /// Appends the (destination, value) copies that put full fp32 `values` (one per slot) into this rank's masters and
+  /// the send buffers (what a skipped next step all-gathers).
+  void master_copies(const std::vector<at::Tensor>& values, std::vector<std::pair<at::Tensor, at::Tensor>>& out) const;
+  /// How many ranks pass ok = false (one allreduce): every rank takes the same decision. Collective.
+  int64_t count_failures(bool ok) const;
+  int rank() const { return pg_.rank(); }
+
  private:
   struct Piece {
     int64_t slot = 0;          // State's parameter slot
@@ -78,11 +97,17 @@ class ZeroShard {
     int64_t send_offset = 0;    // first element inside its rank's send buffer
     int64_t shard_offset = 0;   // this rank's pieces: first element inside masters_ / grads_
     int64_t group = 0;          // the optimizer's param group
+    int64_t index_in_group = 0;  // this rank's pieces: position among the pieces the optimizer holds in that group
     at::Tensor held;            // this rank's pieces: masters_ view the optimizer holds
     at::Tensor grad;            // this rank's pieces: grads_ view
     at::Tensor out;             // this rank's pieces: send buffer view the step writes the rounded value to
     bool has_grad = false;      // received a gradient since zero_grad
   };
+  /// One all-gather of a chunk-layout buffer per rank (`width` values per element): fill(piece, dst) writes this
+  /// rank's piece; the result holds rank q's buffer at [q * width * chunk_total_, ...).
+  at::Tensor gather_chunks(int64_t width, const std::function<void(const Piece&, int64_t, at::Tensor)>& fill) const;
+  /// Where piece p's first element lies in its rank's chunk-layout buffer.
+  int64_t chunk_position(const Piece& p) const;
   /// Writes `src` (unscaled by `scale`, checked) into the pieces' gradients (added where they already hold one).
   void accumulate(const std::vector<size_t>& pieces, const std::vector<at::Tensor>& src, const at::Tensor& scale,
                   LossScaler& scaler);
@@ -98,6 +123,7 @@ class ZeroShard {
   std::vector<at::Tensor> send_;                // per model dtype: this rank's slices, padded to the chunks
   std::vector<int64_t> chunk_offset_;           // per bucket: where its chunk starts in a rank's all-dtype gather
   int64_t chunk_total_ = 0;                     // the sum of every bucket's chunk
+  std::vector<int64_t> slot_index_in_group_;    // per slot: its position in its param group without ZeRO
 };
 
 }  // namespace detail

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <memory>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -372,7 +374,7 @@ TEST(ZeroTest, WhatZeroCannotTakeIsRefusedWithAClearError) {
           ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
           expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kTwo); }, {"is reduced by DistributedDataParallel but the optimizer does not hold it"});
         }
-        {  // saving a checkpoint (not there yet for sharded runs) changes and writes nothing
+        {  // a second attach
           torch::manual_seed(1);
           ZNet net;
           amp::FusedSGD sgd(net->parameters(), amp::FusedSgdOptions(0.1));
@@ -380,11 +382,163 @@ TEST(ZeroTest, WhatZeroCannotTakeIsRefusedWithAClearError) {
           ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
           optimizer.attach(ddp_net, amp::ZeroStage::kOne);
           expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kOne); }, {"attach once"});
-          ddp_test::ScratchDir dir;
-          const std::string path = dir.file("ckpt" + std::to_string(rank) + ".pt");
-          expect_error([&] { amp::save_checkpoint(path, model, optimizer); }, {"ZeRO", "docs/zero.md"});
-          TORCH_CHECK(!std::ifstream(path).good(), "rank ", rank, ": a refused save wrote ", path);
+          expect_error([&] { ddp_net.restore_gradient_order({0, 1, 2, 3, 4, 5}); }, {"frozen"});
         }
+        {  // attach after the first step: the optimizer state would have to be re-sharded
+          torch::manual_seed(1);
+          ZNet net;
+          amp::FusedSGD sgd(net->parameters(), amp::FusedSgdOptions(0.1));
+          auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O2));
+          ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+          optimizer.step();
+          expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kTwo); }, {"before the first scale_loss"});
+        }
+      },
+      2);
+}
+
+}  // namespace
+
+namespace {
+
+/// A DDP + amp O2 run (FusedAdam, two groups) whose data depends only on (rank, step), for checkpoint round trips.
+struct Trainer {
+  ZNet net;
+  std::unique_ptr<torch::optim::Optimizer> inner;
+  std::unique_ptr<amp::Initialized<ZNet>> amp_;
+  std::unique_ptr<ddp::DistributedDataParallel> ddp_net;
+  int rank;
+
+  Trainer(const ddp::ProcessGroup& pg, amp::ZeroStage stage, uint64_t seed = 1) : rank(pg.rank()) {
+    torch::manual_seed(seed);
+    net = ZNet();
+    inner = make_optimizer(Opt::kAdamW, net);
+    amp_ = std::make_unique<amp::Initialized<ZNet>>(
+        amp::initialize(net, *inner, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16)));
+    ddp_net = std::make_unique<ddp::DistributedDataParallel>(
+        net, pg,
+        ddp::DistributedDataParallelOptions().first_bucket_mb(1e-4).bucket_cap_mb(3e-4).find_unused_parameters(true)
+            .rebuild_buckets(false));
+    amp_->optimizer.attach(*ddp_net, stage);
+  }
+  amp::Optimizer& optimizer() { return amp_->optimizer; }
+
+  std::vector<float> train(int from, int to) {
+    std::vector<float> losses;
+    for (int s = from; s < to; ++s) {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 * rank + s);
+      const torch::Tensor x = torch::randn({6, 7}, generator), y = torch::randn({6, 5}, generator);
+      optimizer().zero_grad();
+      auto out = amp_->model.call([&](const torch::Tensor& in) { return ddp_net->forward(in); }, x);
+      torch::Tensor loss = (out - y).pow(2).mean();
+      {
+        auto scaled = amp::scale_loss(loss, optimizer());
+        scaled.backward();
+      }
+      optimizer().step();
+      losses.push_back(loss.item<float>());
+    }
+    return losses;
+  }
+
+  /// The full fp32 masters in slot order (gathered under ZeRO: collective).
+  std::vector<torch::Tensor> masters() {
+    if (amp::detail::ZeroShard* zero = optimizer().state().zero()) return zero->full_masters();
+    std::vector<torch::Tensor> out;
+    for (const auto& slot : optimizer().state().slots()) out.push_back(slot.master.detach().clone());
+    return out;
+  }
+};
+
+TEST(ZeroCheckpointTest, AConsolidatedCheckpointResumesBitIdenticallyAtTheSameWorldSize) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("zero.ckpt");
+  for (const int stage : {1, 2}) {
+    ddp_test::run_ranks(
+        [&](int rank, const ddp::ProcessGroup& pg) {
+          Trainer straight(pg, static_cast<amp::ZeroStage>(stage));
+          straight.train(0, 6);
+          amp::save_checkpoint(path, straight.amp_->model, straight.optimizer());  // every rank; rank 0 writes
+          const std::vector<float> expected = straight.train(6, 12);
+          Trainer resumed(pg, static_cast<amp::ZeroStage>(stage), /*seed=*/7);  // other initial weights
+          amp::load_checkpoint(path, resumed.amp_->model, resumed.optimizer());
+          const std::vector<float> got = resumed.train(6, 12);
+          TORCH_CHECK(got == expected, "rank ", rank, ", stage ", stage, ": the resumed run's losses differ");
+          TORCH_CHECK(bit_identical(resumed.masters(), straight.masters()), "rank ", rank, ", stage ", stage,
+                      ": the resumed run's masters differ");
+        },
+        2);
+  }
+}
+
+TEST(ZeroCheckpointTest, AConsolidatedCheckpointLoadsAtOtherWorldSizesAndIntoPlainDdpAmp) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("zero4.ckpt");
+  // Trained and saved with stage 2 on 4 ranks; the file records what every rank's masters were.
+  ddp_test::run_ranks(
+      [&](int, const ddp::ProcessGroup& pg) {
+        Trainer t(pg, amp::ZeroStage::kTwo);
+        t.train(0, 5);
+        amp::save_checkpoint(path, t.amp_->model, t.optimizer());
+      },
+      4);
+  // Resumed on 2 ranks with stage 1 and with plain DDP + amp, and on 1 rank with stage 2: the loaded state equals
+  // the plain run's, and so does the continuation, bit for bit.
+  for (const int world : {2, 1}) {
+    ddp_test::run_ranks(
+        [&](int rank, const ddp::ProcessGroup& pg) {
+          Trainer plain(pg, amp::ZeroStage::kNone, 11);
+          amp::load_checkpoint(path, plain.amp_->model, plain.optimizer());
+          Trainer sharded(pg, world == 2 ? amp::ZeroStage::kOne : amp::ZeroStage::kTwo, 12);
+          amp::load_checkpoint(path, sharded.amp_->model, sharded.optimizer());
+          TORCH_CHECK(bit_identical(sharded.masters(), plain.masters()), "rank ", rank, " of ", world,
+                      ": loaded masters differ");
+          const auto a = plain.train(5, 10), b = sharded.train(5, 10);
+          TORCH_CHECK(a == b, "rank ", rank, " of ", world, ": the continuations' losses differ");
+          TORCH_CHECK(bit_identical(sharded.masters(), plain.masters()), "rank ", rank, " of ", world,
+                      ": the continuations' masters differ");
+          // ... and back: what the sharded run saves loads into a plain run as the same state.
+          const std::string again = path + ".w" + std::to_string(world);
+          amp::save_checkpoint(again, sharded.amp_->model, sharded.optimizer());
+          Trainer back(pg, amp::ZeroStage::kNone, 13);
+          amp::load_checkpoint(again, back.amp_->model, back.optimizer());
+          TORCH_CHECK(bit_identical(back.masters(), sharded.masters()), "rank ", rank, ": saved-again masters differ");
+          TORCH_CHECK(back.train(10, 12) == plain.train(10, 12), "rank ", rank, ": the round trip changed the run");
+        },
+        world);
+  }
+}
+
+TEST(ZeroCheckpointTest, ACorruptCheckpointFailsOnEveryRankAndChangesNothing) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("good.ckpt"), bad = dir.file("bad.ckpt");
+  ddp_test::run_ranks(
+      [&](int rank, const ddp::ProcessGroup& pg) {
+        Trainer t(pg, amp::ZeroStage::kTwo);
+        t.train(0, 3);
+        amp::save_checkpoint(path, t.amp_->model, t.optimizer());
+        pg.barrier();
+        if (rank == 0) {  // one flipped bit in the middle of the file
+          std::ifstream in(path, std::ios::binary);
+          std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          bytes[bytes.size() / 2] ^= 0x10;
+          std::ofstream(bad, std::ios::binary) << bytes;
+        }
+        pg.barrier();
+        Trainer other(pg, amp::ZeroStage::kTwo, 5);
+        other.train(0, 1);
+        const auto before = other.masters();
+        const std::string message = ddp_test::error_of([&] { amp::load_checkpoint(bad, other.amp_->model, other.optimizer()); });
+        TORCH_CHECK(message.find(bad) != std::string::npos, "rank ", rank, ": the error does not name the file: ", message);
+        TORCH_CHECK(bit_identical(other.masters(), before), "rank ", rank, ": a refused load changed the masters");
+        // A checkpoint of another model shape fails the same way on every rank.
+        const std::string missing = ddp_test::error_of(
+            [&] { amp::load_checkpoint(dir.file("absent.ckpt"), other.amp_->model, other.optimizer()); });
+        TORCH_CHECK(!missing.empty(), "rank ", rank, ": loading a missing file did not fail");
+        other.train(1, 2);  // the ranks are still in step: the collectives pair up
       },
       2);
 }

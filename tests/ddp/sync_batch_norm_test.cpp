@@ -570,9 +570,11 @@ void run_cuda_ranks(const std::string& backend, int world, torch::ScalarType dty
                                                                  .rank(rank)
                                                                  .world_size(world)
                                                                  .timeout(kTestTimeout));
-        torch::manual_seed(seed);
-        const auto x_full = (torch::randn({full, kChannels, 5, 5}).to(device) * 2 + 3).to(dtype);
-        const auto g_full = torch::randn({full, kChannels, 5, 5}).to(device).to(dtype);
+        // A generator of this thread's own: the ranks are threads, and the global one is shared (drawing from it
+        // while another thread reseeds it gave the ranks different data whenever the threads interleaved).
+        auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+        const auto x_full = (torch::randn({full, kChannels, 5, 5}, generator).to(device) * 2 + 3).to(dtype);
+        const auto g_full = torch::randn({full, kChannels, 5, 5}, generator).to(device).to(dtype);
         torch::nn::BatchNorm2d ref(kChannels);
         ref->to(device);
         auto x_ref = x_full.to(torch::kFloat).clone().requires_grad_();
