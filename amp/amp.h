@@ -234,12 +234,27 @@ template <typename ModuleHolder>
 void load_checkpoint(const std::string& path, Model<ModuleHolder>& model, Optimizer& optimizer,
                      CheckpointExtras& extras);
 
+/// ZeRO (docs/zero.md): each rank writes its own shard (masters and optimizer state of its pieces) to
+/// "PATH.zero-<generation>-<rank>-of-<N>" and rank 0 then writes the small index at `path`, atomic as a set: `path`
+/// always names a complete set (Note [sharded checkpoint] in amp/checkpoint.cpp). Collective: call it on every rank.
+/// amp::load_checkpoint reads it at any world size into a run attached with a ZeroStage. Errors are c10::Error, one
+/// line naming the file, raised on every rank.
+template <typename ModuleHolder>
+void save_checkpoint_sharded(const std::string& path, const Model<ModuleHolder>& model, Optimizer& optimizer,
+                             const CheckpointExtras& extras = {});
+
 namespace detail {
+void save_checkpoint_sharded(const std::string& path, State& state, const CheckpointExtras& extras);
 void save_checkpoint(const std::string& path, State& state, const CheckpointExtras& extras = {});
 /// `extras`: where to put the file's extras (nullptr: not wanted; they are verified all the same).
 void load_checkpoint(const std::string& path, State& state, CheckpointExtras* extras = nullptr);
 }  // namespace detail
 
+template <typename ModuleHolder>
+void save_checkpoint_sharded(const std::string& path, const Model<ModuleHolder>&, Optimizer& optimizer,
+                             const CheckpointExtras& extras) {
+  detail::save_checkpoint_sharded(path, optimizer.state(), extras);
+}
 template <typename ModuleHolder>
 void save_checkpoint(const std::string& path, const Model<ModuleHolder>&, Optimizer& optimizer) {
   detail::save_checkpoint(path, optimizer.state());

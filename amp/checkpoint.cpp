@@ -24,6 +24,9 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <random>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -34,6 +37,7 @@
 #include <string>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -228,6 +232,33 @@ void restore_optimizer(State& state, torch::serialize::OutputArchive& before) {
 void apply_loaded(State& state, std::vector<std::pair<at::Tensor, at::Tensor>>& model_copies, Parts& parts,
                   CheckpointExtras* extras);
 
+// Note [sharded checkpoint]
+// save_checkpoint_sharded writes, per rank r of N, "PATH.zero-G-r-of-N" (G: a generation id rank 0 draws for this
+// save), an envelope of format kShardFormatVersion whose hashed "shard" entry is ZeroShard::save_shard's archive
+// (the rank's pieces by parameter name and element range, their masters and optimizer entries). Once every rank has
+// written its file, rank 0 writes the index at PATH: an envelope of format kShardedIndexVersion with the hashed
+// entries "optimizer_type", "amp", "buffers" (the model's buffers) and "shards" (N, then the N file names), and the
+// extras. Every file is written atomically and the index last, so PATH always names a complete set: a writer stopped
+// before the index leaves the previous index and its files whole. Rank 0 then removes the files of the set it
+// replaced. A load at any world size reads every shard file and takes what overlaps its own pieces.
+constexpr int64_t kShardedIndexVersion = 3;
+constexpr int64_t kShardFormatVersion = 1;
+constexpr const char* kShardFormatKey = "zero_shard_format_version";
+
+bool is_sharded_index(const std::string& path) {
+  torch::serialize::InputArchive all;
+  try {
+    all.load_from(path, c10::Device(c10::kCPU));
+  } catch (const std::exception&) {
+    return false;  // read_parts reports what is wrong with it
+  }
+  at::Tensor version;
+  return all.try_read(kFormatKey, version) && version.numel() == 1 && version.scalar_type() == at::kLong &&
+         version.item<int64_t>() == kShardedIndexVersion;
+}
+
+void load_sharded(const std::string& path, State& state, ZeroShard& zero, CheckpointExtras* extras);
+
 /// Reads and checks every part and loads the optimizer (restored if that fails); returns what applies the rest
 /// (model values, amp state, extras): called at once unless `defer`.
 std::function<void()> load_checked_parts(const std::string& path, State& state, CheckpointExtras* extras,
@@ -281,6 +312,14 @@ void save_checkpoint(const std::string& path, State& state, const CheckpointExtr
 
 void load_checkpoint(const std::string& path, State& state, CheckpointExtras* extras) {
   ZeroShard* const zero = state.zero();
+  if (is_sharded_index(path)) {
+    if (zero == nullptr) {
+      fail(path, "is a sharded ZeRO checkpoint (one file per rank): it loads into a run attached with a ZeroStage. To "
+                 "get a file for a run without ZeRO, load it into a ZeRO run and save it with amp::save_checkpoint");
+    }
+    load_sharded(path, state, *zero, extras);
+    return;
+  }
   if (zero == nullptr) {
     load_checked_parts(path, state, extras);
     return;
@@ -357,6 +396,183 @@ void apply_loaded(State& state, std::vector<std::pair<at::Tensor, at::Tensor>>& 
   if (extras != nullptr) *extras = std::move(parts.extras);
 }
 
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+/// The shard file names an existing sharded index at `path` lists (empty when there is none or it is unreadable).
+std::vector<std::string> listed_shards(const std::string& path) {
+  std::vector<std::string> names;
+  if (!is_sharded_index(path)) return names;
+  try {
+    torch::serialize::InputArchive all;
+    all.load_from(path, c10::Device(c10::kCPU));
+    std::istringstream lines(as_string(read_entry(all, path, "shards")));
+    std::string line;
+    std::getline(lines, line);  // the world size
+    while (std::getline(lines, line)) names.push_back(line);
+  } catch (const std::exception&) {
+    names.clear();
+  }
+  return names;
+}
+
+void load_sharded(const std::string& path, State& state, ZeroShard& zero, CheckpointExtras* extras) {
+  std::string failure;
+  torch::serialize::OutputArchive before;
+  state.optimizer().save(before);
+  bool optimizer_loaded = false;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  torch::serialize::InputArchive amp_part;
+  CheckpointExtras loaded_extras;
+  try {
+    torch::serialize::InputArchive index;
+    checked(path, "cannot read it as a checkpoint: ", [&] { index.load_from(path, c10::Device(c10::kCPU)); });
+    const std::string saved_type = as_string(read_entry(index, path, kTypePart));
+    const std::string loading = type_name(state.optimizer());
+    if (saved_type != loading) {
+      fail(path, "holds the state of an optimizer of type " + saved_type + " but is being loaded into one of type " +
+                     loading + ": build the optimizer it was saved with");
+    }
+    const at::Tensor amp_bytes = read_entry(index, path, "amp");
+    checked(path, "its 'amp' part cannot be read: ", [&] {
+      amp_part.load_from(reinterpret_cast<const char*>(amp_bytes.data_ptr<uint8_t>()),
+                         static_cast<size_t>(amp_bytes.numel()), state.device());
+    });
+    checked(path, "", [&] { state.validate_amp_state(amp_part); });
+    const at::Tensor buffer_bytes = read_entry(index, path, "buffers");
+    torch::serialize::InputArchive buffers;
+    checked(path, "its 'buffers' part cannot be read: ", [&] {
+      buffers.load_from(reinterpret_cast<const char*>(buffer_bytes.data_ptr<uint8_t>()),
+                        static_cast<size_t>(buffer_bytes.numel()), state.device());
+    });
+    for (const auto& b : state.module().named_buffers(true)) {
+      at::Tensor value;
+      if (!buffers.try_read(b.key(), value, /*is_buffer=*/true)) fail(path, "has no buffer '" + b.key() + "'");
+      if (value.sizes() != b.value().sizes()) {
+        fail(path, "has buffer '" + b.key() + "' with shape " + c10::str(value.sizes()) + " but the model's is " +
+                       c10::str(b.value().sizes()));
+      }
+      copies.emplace_back(b.value(), value);
+    }
+    loaded_extras = read_extras(index, path);
+    std::istringstream lines(as_string(read_entry(index, path, "shards")));
+    std::string line;
+    std::getline(lines, line);
+    ZeroShard::ShardLoad load = zero.begin_shard_load();
+    while (std::getline(lines, line)) {
+      const std::string file = directory_of(path) + line;
+      torch::serialize::InputArchive shard;
+      checked(file, "cannot read this shard of '" + path + "': ", [&] { shard.load_from(file, c10::Device(c10::kCPU)); });
+      at::Tensor version;
+      if (!shard.try_read(kShardFormatKey, version) || version.numel() != 1 ||
+          version.item<int64_t>() != kShardFormatVersion) {
+        fail(file, "is not a shard of a ZeRO checkpoint this build reads (format " +
+                       std::to_string(kShardFormatVersion) + ")");
+      }
+      const std::string bytes = as_string(read_entry(shard, file, "shard"));
+      checked(file, "", [&] { zero.read_shard(bytes, load); });
+    }
+    const std::string pieces = checked(path, "", [&] { return zero.finish_shard_load(load, copies); });
+    torch::serialize::InputArchive optimizer_part;
+    optimizer_part.load_from(pieces.data(), pieces.size(), state.device());
+    try {
+      state.optimizer().load(optimizer_part);
+      optimizer_loaded = true;
+    } catch (const std::exception& e) {
+      restore_optimizer(state, before);
+      fail(path, "its optimizer state does not fit this " + loading + ": " + message_of(e));
+    }
+  } catch (const std::exception& e) {
+    failure = message_of(e);
+  }
+  const int64_t failed = zero.count_failures(failure.empty());
+  if (failed > 0) {
+    if (optimizer_loaded) restore_optimizer(state, before);
+    if (!failure.empty()) throw c10::Error(failure);
+    fail(path, std::to_string(failed) + " other rank(s) could not load it; nothing was changed");
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [dest, value] : copies) dest.copy_(value);
+  }
+  state.load(amp_part);
+  zero.publish();  // every rank's loaded masters, rounded, into the model parameters
+  if (extras != nullptr) *extras = std::move(loaded_extras);
+}
+
 }  // namespace
+
+void save_checkpoint_sharded(const std::string& path, State& state, const CheckpointExtras& extras) {
+  ZeroShard* const zero = state.zero();
+  if (zero == nullptr) {
+    fail(path, "save_checkpoint_sharded needs a run attached with a ZeroStage (each rank writes its shard); without "
+               "ZeRO use amp::save_checkpoint");
+  }
+  std::string extra_names;
+  for (const auto& entry : extras) {
+    if (!valid_extra_name(entry.first)) fail(path, "cannot save it: extra '" + entry.first + "' is not a valid name");
+    extra_names += entry.first + "\n";
+  }
+  // One generation id for the whole set, drawn by rank 0 (file names of different saves never mix).
+  const int64_t generation = zero->broadcast_from_root(
+      static_cast<int64_t>(std::random_device()() ^ (static_cast<uint64_t>(::time(nullptr)) << 20)) & 0xffffffffffLL);
+  const int world = static_cast<int>(zero->count_failures(false));  // every rank counts itself: the world size
+  auto shard_name = [&](int rank) {
+    std::ostringstream name;
+    name << base_name(path) << ".zero-" << std::hex << generation << std::dec << "-" << rank << "-of-" << world;
+    return name.str();
+  };
+  std::string failure;
+  try {
+    torch::serialize::OutputArchive shard;
+    shard.write(kShardFormatKey, at::tensor({kShardFormatVersion}, at::kLong));
+    write_entry(shard, "shard", zero->save_shard());
+    save_archive_atomically(shard, directory_of(path) + shard_name(zero->rank()));
+  } catch (const std::exception& e) {
+    failure = message_of(e);
+  }
+  if (zero->count_failures(failure.empty()) > 0) {
+    if (!failure.empty()) throw c10::Error(failure);
+    fail(path, "another rank could not write its shard; the previous checkpoint at this path is unchanged");
+  }
+  if (zero->rank() == 0) {
+    try {
+      const std::vector<std::string> previous = listed_shards(path);
+      torch::serialize::OutputArchive amp_state, buffers, all;
+      state.save(amp_state);
+      for (const auto& b : state.module().named_buffers(true)) buffers.write(b.key(), b.value().cpu(), true);
+      std::string shards = std::to_string(world) + "\n";
+      for (int r = 0; r < world; ++r) shards += shard_name(r) + "\n";
+      all.write(kFormatKey, at::tensor({kShardedIndexVersion}, at::kLong));
+      write_entry(all, kTypePart, type_name(state.optimizer()));
+      write_entry(all, "amp", serialized(amp_state));
+      write_entry(all, "buffers", serialized(buffers));
+      write_entry(all, "shards", shards);
+      if (!extras.empty()) {
+        write_entry(all, kExtrasPart, extra_names);
+        for (const auto& [name, bytes] : extras) write_entry(all, kExtraPrefix + name, bytes);
+      }
+      save_archive_atomically(all, path);
+      for (const std::string& old : previous) {  // the replaced set: no longer reachable from the index
+        bool kept = false;
+        for (int r = 0; r < world; ++r) kept = kept || old == shard_name(r);
+        if (!kept) std::remove((directory_of(path) + old).c_str());
+      }
+    } catch (const std::exception& e) {
+      failure = message_of(e);
+    }
+  }
+  if (zero->count_failures(failure.empty()) > 0) {
+    if (!failure.empty()) throw c10::Error(failure);
+    fail(path, "rank 0 could not write the index; the previous checkpoint at this path is unchanged");
+  }
+}
 
 }  // namespace amp::detail

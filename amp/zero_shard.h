@@ -81,6 +81,25 @@ class ZeroShard {
   /// Appends the (destination, value) copies that put full fp32 `values` (one per slot) into this rank's masters and
   /// the send buffers (what a skipped next step all-gathers).
   void master_copies(const std::vector<at::Tensor>& values, std::vector<std::pair<at::Tensor, at::Tensor>>& out) const;
+  /// Sharded checkpoints: this rank's shard (its pieces by parameter name and range, their masters, and every
+  /// per-parameter optimizer entry) as the bytes of an archive. Needs no collective.
+  std::string save_shard() const;
+  /// What a sharded load has gathered so far for this rank's pieces, from shard files of any world size.
+  struct ShardLoad {
+    at::Tensor masters, masters_seen;                      // per element of this rank's shard
+    std::vector<at::Tensor> fields, fields_seen;           // per state field: per element (a step count repeated)
+  };
+  ShardLoad begin_shard_load() const;
+  /// Takes from one shard file's bytes (any rank of any world size) whatever overlaps this rank's pieces. Checks the
+  /// file's structure; throws on anything malformed.
+  void read_shard(const std::string& bytes, ShardLoad& load) const;
+  /// Checks that the files covered every element of this rank's pieces; appends the master copies (as
+  /// master_copies) and returns the optimizer's archive of this rank's pieces (as shard_optimizer_archive).
+  std::string finish_shard_load(const ShardLoad& load, std::vector<std::pair<at::Tensor, at::Tensor>>& copies) const;
+  /// All-gathers every rank's send buffer into the model parameters (the second half of step()). Collective.
+  void publish();
+  /// Rank 0's `value` on every rank (one broadcast). Collective.
+  int64_t broadcast_from_root(int64_t value) const;
   /// How many ranks pass ok = false (one allreduce): every rank takes the same decision. Collective.
   int64_t count_failures(bool ok) const;
   int rank() const { return pg_.rank(); }

@@ -1,6 +1,9 @@
 // ZeRO stages 1 and 2 (docs/zero.md): the sharded optimizer trains like DDP + amp O2, skips the same steps on every
 // rank, and holds a 1/N share of the replicated optimizer memory. Gloo on CPU, forked ranks.
+#include <dirent.h>
+
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -236,7 +239,7 @@ TEST(ZeroTest, UnderGradientShardingEachRankReceivesItsSliceOfTheSum) {
     ddp_test::run_ranks(
         [](int rank, const ddp::ProcessGroup& pg) {
           torch::manual_seed(5);
-          torch::nn::Linear lin(9, 7);  // 70 elements: slices of 32, 32, 6 (3 ranks) / 48, 22 (2 ranks)
+          torch::nn::Linear lin(9, 7);  // 70 elements: slices of 32, 16, 22 (3 ranks) / 48, 22 (2 ranks)
           ddp::DistributedDataParallel ddp_net(lin, pg, ddp::DistributedDataParallelOptions().first_bucket_mb(1));
           std::vector<torch::Tensor> slices;
           std::vector<int64_t> offsets;
@@ -393,6 +396,14 @@ TEST(ZeroTest, WhatZeroCannotTakeIsRefusedWithAClearError) {
           optimizer.step();
           expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kTwo); }, {"before the first scale_loss"});
         }
+        {  // O3 keeps no fp32 masters to shard
+          torch::manual_seed(1);
+          ZNet net;
+          amp::FusedSGD sgd(net->parameters(), amp::FusedSgdOptions(0.1));
+          auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O3));
+          ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+          expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kOne); }, {"O3 keeps no masters"});
+        }
       },
       2);
 }
@@ -539,6 +550,105 @@ TEST(ZeroCheckpointTest, ACorruptCheckpointFailsOnEveryRankAndChangesNothing) {
             [&] { amp::load_checkpoint(dir.file("absent.ckpt"), other.amp_->model, other.optimizer()); });
         TORCH_CHECK(!missing.empty(), "rank ", rank, ": loading a missing file did not fail");
         other.train(1, 2);  // the ranks are still in step: the collectives pair up
+      },
+      2);
+}
+
+TEST(ZeroCheckpointTest, ShardedCheckpointsResumeAtAnyWorldSizeAndReplaceTheirSetAtomically) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string sharded = dir.file("sharded.ckpt"), consolidated = dir.file("consolidated.ckpt");
+  // 4 ranks, stage 2: the same state saved both ways; the sharded save runs twice (the second replaces the first
+  // set); the continuation from the sharded file equals the straight run.
+  ddp_test::run_ranks(
+      [&](int rank, const ddp::ProcessGroup& pg) {
+        Trainer t(pg, amp::ZeroStage::kTwo);
+        t.train(0, 3);
+        amp::save_checkpoint_sharded(sharded, t.amp_->model, t.optimizer());
+        t.train(3, 5);
+        amp::save_checkpoint_sharded(sharded, t.amp_->model, t.optimizer(), {{"position", "5"}});
+        amp::save_checkpoint(consolidated, t.amp_->model, t.optimizer());
+        const auto expected = t.train(5, 8);
+        Trainer resumed(pg, amp::ZeroStage::kTwo, 9);
+        amp::CheckpointExtras extras;
+        amp::load_checkpoint(sharded, resumed.amp_->model, resumed.optimizer(), extras);
+        TORCH_CHECK(extras.at("position") == "5", "rank ", rank, ": extras not restored");
+        TORCH_CHECK(resumed.train(5, 8) == expected, "rank ", rank, ": the resumed run's losses differ");
+        TORCH_CHECK(bit_identical(resumed.masters(), t.masters()), "rank ", rank, ": the resumed masters differ");
+      },
+      4);
+  // Only the second set's 4 files remain beside the index.
+  int shard_files = 0;
+  if (DIR* d = ::opendir(dir.path().c_str())) {
+    while (dirent* e = ::readdir(d)) shard_files += std::string(e->d_name).find(".zero-") != std::string::npos;
+    ::closedir(d);
+  }
+  EXPECT_EQ(shard_files, 4);
+  // Re-sharded at 2 and 1 ranks: the same state as the consolidated file gives.
+  for (const int world : {2, 1}) {
+    ddp_test::run_ranks(
+        [&](int rank, const ddp::ProcessGroup& pg) {
+          Trainer from_sharded(pg, world == 2 ? amp::ZeroStage::kOne : amp::ZeroStage::kTwo, 21);
+          amp::load_checkpoint(sharded, from_sharded.amp_->model, from_sharded.optimizer());
+          Trainer from_consolidated(pg, amp::ZeroStage::kOne, 22);
+          amp::load_checkpoint(consolidated, from_consolidated.amp_->model, from_consolidated.optimizer());
+          TORCH_CHECK(bit_identical(from_sharded.masters(), from_consolidated.masters()), "rank ", rank, " of ", world,
+                      ": masters differ");
+          TORCH_CHECK(from_sharded.train(5, 8) == from_consolidated.train(5, 8), "rank ", rank, " of ", world,
+                      ": continuations differ");
+        },
+        world);
+  }
+}
+
+TEST(ZeroCheckpointTest, ADamagedOrIncompleteShardedCheckpointFailsOnEveryRankAndChangesNothing) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("s.ckpt");
+  ddp_test::run_ranks(
+      [&](int rank, const ddp::ProcessGroup& pg) {
+        Trainer t(pg, amp::ZeroStage::kOne);
+        t.train(0, 2);
+        amp::save_checkpoint_sharded(path, t.amp_->model, t.optimizer());
+        pg.barrier();
+        std::string shard1;
+        if (DIR* d = ::opendir(dir.path().c_str())) {
+          while (dirent* e = ::readdir(d)) {
+            const std::string name = e->d_name;
+            if (name.find("-1-of-2") != std::string::npos) shard1 = dir.file(name);
+          }
+          ::closedir(d);
+        }
+        TORCH_CHECK(!shard1.empty(), "rank ", rank, ": no shard file of rank 1");
+        std::string bytes;
+        {
+          std::ifstream in(shard1, std::ios::binary);
+          bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        }
+        pg.barrier();
+        Trainer other(pg, amp::ZeroStage::kOne, 4);
+        other.train(0, 1);
+        const auto before = other.masters();
+        if (rank == 0) {  // one flipped bit in rank 1's shard
+          std::string flipped = bytes;
+          flipped[flipped.size() / 2] ^= 0x04;
+          std::ofstream(shard1, std::ios::binary) << flipped;
+        }
+        pg.barrier();
+        std::string message = ddp_test::error_of([&] { amp::load_checkpoint(path, other.amp_->model, other.optimizer()); });
+        TORCH_CHECK(ddp_test::contains_all(message, {shard1}), "rank ", rank, ": ", message);
+        TORCH_CHECK(bit_identical(other.masters(), before), "rank ", rank, ": a refused load changed the masters");
+        pg.barrier();
+        if (rank == 0) std::remove(shard1.c_str());  // a missing shard
+        pg.barrier();
+        message = ddp_test::error_of([&] { amp::load_checkpoint(path, other.amp_->model, other.optimizer()); });
+        TORCH_CHECK(ddp_test::contains_all(message, {"cannot read this shard"}), "rank ", rank, ": ", message);
+        TORCH_CHECK(bit_identical(other.masters(), before), "rank ", rank, ": a refused load changed the masters");
+        // A sharded checkpoint into a run without ZeRO: refused, with the way out.
+        Trainer plain(pg, amp::ZeroStage::kNone, 4);
+        message = ddp_test::error_of([&] { amp::load_checkpoint(path, plain.amp_->model, plain.optimizer()); });
+        TORCH_CHECK(ddp_test::contains_all(message, {"sharded ZeRO checkpoint", "amp::save_checkpoint"}), message);
+        other.train(1, 2);  // the ranks are still in step
       },
       2);
 }
