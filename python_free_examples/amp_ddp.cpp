@@ -5,6 +5,9 @@
 // kept fp32 like BatchNorm (keep_batchnorm_fp32) while the activations they normalize are half.
 // Order matters: amp::initialize first (it may cast the model), then DDP over the initialized module, and the
 // forward runs through the amp policy: model.call(ddp.forward, images).
+// --zero 1|2 shards the fp32 masters, their gradients and the optimizer state across the ranks (ZeRO, docs/zero.md):
+// the loop is the same; --resume is then read after attach (each rank takes its shard) and every rank takes part
+// in --save (rank 0 writes the consolidated file, which also resumes without --zero or at another world size).
 #include <memory>
 #include <optional>
 
@@ -24,6 +27,7 @@ struct AmpFlags {
   std::string dtype = "auto";  // fp16 on CUDA, bf16 on the CPU (which has no fast fp16)
   std::string optimizer = "sgd";
   int local_rank = 0;  // the legacy launcher's --local_rank
+  int zero = 0;        // ZeRO stage
 };
 
 constexpr double kAdamWeightDecay = 1e-2;
@@ -57,6 +61,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "fp16", "bf16"}));
   app.add_option("--optimizer", amp_flags.optimizer, "amp::FusedSGD (sgd) or amp::FusedAdamW (adamw)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
+  app.add_option("--zero", amp_flags.zero,
+                 "ZeRO stage: 0 (off), 1 (shard fp32 masters and optimizer state), 2 (also reduce-scatter gradients)")
+      ->check(CLI::IsMember({0, 1, 2}));
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("amp_ddp", [&] {
@@ -74,8 +81,10 @@ int main(int argc, char** argv) {
     auto initialized = amp::initialize(net, *inner, options);
     auto& model = initialized.model;  // (not a structured binding: the step lambda captures them)
     auto& optimizer = initialized.optimizer;
+    const auto zero_stage = static_cast<amp::ZeroStage>(amp_flags.zero);
+    const bool zero = zero_stage != amp::ZeroStage::kNone;
     std::optional<examples::RunState> saved;  // the run state travels in the amp checkpoint as an extra
-    if (!flags.resume.empty()) {              // model + optimizer + amp
+    if (!flags.resume.empty() && !zero) {     // model + optimizer + amp (ZeRO: after attach, below)
       saved = examples::load_amp_checkpoint(flags.resume, model, optimizer);
     }
     // Data and --resume are read before joining the group: a bad file is this rank's own one-line error.
@@ -86,22 +95,28 @@ int main(int argc, char** argv) {
     // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
     if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
     const int64_t train_samples = data.train.images.size(0);
+    ddp::DistributedDataParallel ddp(net, group);
+    if (saved) ddp.restore_gradient_order(saved->ddp_gradient_order);  // the saved run's bucket layout (collective)
+    // Each bucket is unscaled and checked as soon as its allreduce (--zero 2: reduce-scatter) completes.
+    optimizer.attach(ddp, zero_stage);
+    if (!flags.resume.empty() && zero) {  // collective: every rank takes its shard
+      saved = examples::load_amp_checkpoint(flags.resume, model, optimizer);
+    }
     examples::TrainingPosition position;
     if (!flags.resume.empty()) {
       position = examples::resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
     }
-    ddp::DistributedDataParallel ddp(net, group);
-    if (saved) ddp.restore_gradient_order(saved->ddp_gradient_order);  // the saved run's bucket layout (collective)
-    optimizer.attach(ddp);  // each bucket is unscaled and checked as soon as its allreduce completes
     if (rank.rank == 0) {
-      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}{}\n", rank.world_size, group.backend_name(),
-                 device.str(), amp_flags.opt_level, c10::toString(half_dtype(amp_flags.dtype, device)),
-                 amp_flags.optimizer, ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "");
+      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}{}{}\n", rank.world_size,
+                 group.backend_name(), device.str(), amp_flags.opt_level,
+                 c10::toString(half_dtype(amp_flags.dtype, device)), amp_flags.optimizer,
+                 ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "",
+                 zero ? fmt::format(" | ZeRO stage {}", amp_flags.zero) : std::string());
     }
 
     const auto save = [&](const examples::TrainingPosition& at) {
       const auto run = examples::capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order());
-      examples::save_amp_checkpoint(flags.save, model, optimizer, run);
+      examples::save_amp_checkpoint(flags.save, model, optimizer, run, /*announce=*/rank.rank == 0);
     };
     examples::Loop loop;
     loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
@@ -116,6 +131,7 @@ int main(int argc, char** argv) {
       return l;
     };
     loop.save = save;
+    loop.save_on_every_rank = zero;  // ZeRO: the masters and optimizer state are gathered from every rank
     loop.end_epoch = [&](int64_t epoch, double loss) {
       if (rank.rank != 0) return;
       examples::print_epoch_result(
@@ -125,7 +141,7 @@ int main(int argc, char** argv) {
     };
     const auto end = examples::train_epochs(flags, data.train, device, rank, position, loop);
     examples::check_replicas_if_asked(ddp_flags, *net, group);  // the model's weights (half under O2)
-    if (rank.rank == 0 && examples::final_save_needed(flags, position, end)) save(end);
+    if ((rank.rank == 0 || zero) && examples::final_save_needed(flags, position, end)) save(end);
     group.barrier();
   });
 }

@@ -359,8 +359,9 @@ TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train,
                       ++steps_here;
                       position.batches_done = batches_done;
                       if (batches_done >= batches_in_epoch) position = {epoch + 1, 0, position.steps};
-                      if (rank.rank == 0 && flags.save_every && position.steps % *flags.save_every == 0) {
-                        fmt::print("\n");  // below the progress line
+                      if ((rank.rank == 0 || loop.save_on_every_rank) && flags.save_every &&
+                          position.steps % *flags.save_every == 0) {
+                        if (rank.rank == 0) fmt::print("\n");  // below the progress line
                         loop.save(position);
                       }
                       stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;

@@ -138,8 +138,10 @@ TrainingPosition resume_position(const std::string& path, const std::optional<Ru
 /// The example's part of a training run: the step, saving and evaluation.
 struct Loop {
   StepFn step;
-  /// Writes --save with the run at `position` (called on rank 0 only).
+  /// Writes --save with the run at `position` (called on rank 0 only, or on every rank with save_on_every_rank).
   std::function<void(const TrainingPosition& position)> save;
+  /// The save is collective (ZeRO: every rank gathers, rank 0 writes): call it on every rank.
+  bool save_on_every_rank = false;
   /// After each whole epoch: its number and the mean loss of this process's batches of it.
   std::function<void(int64_t epoch, double mean_loss)> end_epoch;
 };
@@ -176,9 +178,9 @@ std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Modu
 /// and a line saying so.
 template <typename ModuleHolder>
 void save_amp_checkpoint(const std::string& path, const amp::Model<ModuleHolder>& model, amp::Optimizer& optimizer,
-                         const RunState& run) {
+                         const RunState& run, bool announce = true) {
   amp::save_checkpoint(path, model, optimizer, {{kRunStateExtra, encode_run_state(run)}});
-  fmt::print("saved model, optimizer, amp state and training position to {}\n", path);
+  if (announce) fmt::print("saved model, optimizer, amp state and training position to {}\n", path);
 }
 /// amp::load_checkpoint of the --resume file `path` into `model` and `optimizer`, errors as one line naming --resume
 /// (load_resume_checkpoint). Returns the run state (nullopt for a file saved without one).
