@@ -201,7 +201,8 @@ class DistributedDataParallel::Impl {
     for (const Bucket& b : buckets_) {
       BucketInfo info;
       for (int64_t p : b.params) info.parameter_names.push_back(params_[p].name);
-      info.num_elements = b.buffer.numel();
+      info.num_elements = b.numel;
+      info.bytes = static_cast<int64_t>(b.buffer.nbytes()) + (b.shard.defined() ? static_cast<int64_t>(b.shard.nbytes()) : 0);
       info.dtype = b.buffer.scalar_type();
       info.device = b.buffer.device();
       infos.push_back(std::move(info));
@@ -236,11 +237,14 @@ class DistributedDataParallel::Impl {
     sharded_ = enabled;
     for (Bucket& b : buckets_) {
       if (!enabled) {
+        b.buffer = at::empty({b.numel}, b.buffer.options());
         b.wire = b.shard = at::Tensor();
         continue;
       }
-      b.shards = shard_bucket(b.buffer.numel(), pg_.size());
-      b.wire = at::zeros({b.shards.chunk * pg_.size()}, b.buffer.options());  // padding stays zero
+      // Between backward passes a rank keeps only its slice of each bucket: the flat bucket and the padded wire
+      // buffer live from the bucket's launch to the end of backward (launch()).
+      b.shards = shard_bucket(b.numel, pg_.size());
+      b.buffer = at::empty({0}, b.buffer.options());
       b.shard = at::empty({b.shards.chunk}, b.buffer.options());
     }
   }
@@ -269,6 +273,7 @@ class DistributedDataParallel::Impl {
     at::Tensor buffer;
     int64_t pending = 0;  // parameters of the bucket whose gradient is not ready yet
     c10::intrusive_ptr<c10d::Work> work;
+    int64_t numel = 0;  // elements of all its gradients
     // Gradient sharding only: the split, the padded input of the reduce-scatter (slice q at q * chunk), its output.
     BucketShards shards;
     at::Tensor wire, shard;
@@ -318,6 +323,7 @@ class DistributedDataParallel::Impl {
       }
       const at::Tensor& first = params_[b.params.front()].tensor;
       b.buffer = at::empty({numel}, first.options().dtype(options_.allreduce_dtype().value_or(first.scalar_type())));
+      b.numel = numel;
       b.pending = static_cast<int64_t>(b.params.size());
       buckets.push_back(std::move(b));
     }
@@ -428,13 +434,18 @@ class DistributedDataParallel::Impl {
       if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
       grads.push_back(param.grad());
     }
-    detail::copy_into_bucket(b.buffer, grads, 1.0 / options_.gradient_predivide_factor());
     if (sharded_) {
+      // The flat bucket, then each rank's slice at q * chunk of the padded wire buffer (kept until the end of
+      // backward: the reduce-scatter reads it).
+      at::Tensor flat = at::empty({b.numel}, b.buffer.options());
+      detail::copy_into_bucket(flat, grads, 1.0 / options_.gradient_predivide_factor());
+      b.wire = at::zeros({b.shards.chunk * pg_.size()}, b.buffer.options());
       for (int q = 0; q < pg_.size(); ++q) {
-        b.wire.narrow(0, q * b.shards.chunk, b.shards.size(q)).copy_(b.buffer.narrow(0, b.shards.begin(q), b.shards.size(q)));
+        b.wire.narrow(0, q * b.shards.chunk, b.shards.size(q)).copy_(flat.narrow(0, b.shards.begin(q), b.shards.size(q)));
       }
       b.work = pg_.reduce_scatter_sum_async(b.shard, b.wire);
     } else {
+      detail::copy_into_bucket(b.buffer, grads, 1.0 / options_.gradient_predivide_factor());
       b.work = pg_.allreduce_sum_async(b.buffer);
     }
     timeline_.bucket_issued[index] = Clock::now();
@@ -520,7 +531,7 @@ class DistributedDataParallel::Impl {
       // before that work has run, whichever stream frees them (the join event orders only the caller's stream).
       if (comm_stream_) {
         b.buffer.record_stream(*comm_stream_);
-        if (sharded_) {
+        if (sharded_ && b.wire.defined()) {
           b.wire.record_stream(*comm_stream_);
           b.shard.record_stream(*comm_stream_);
         }
@@ -559,6 +570,7 @@ class DistributedDataParallel::Impl {
     for (Bucket& b : buckets_) {
       b.pending = static_cast<int64_t>(b.params.size());
       b.work.reset();
+      b.wire = at::Tensor();  // gradient sharding: the wire buffer lives for one backward
     }
     next_bucket_ = 0;
     in_backward_ = false;

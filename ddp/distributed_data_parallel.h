@@ -55,6 +55,9 @@ struct BucketInfo {
   int64_t num_elements = 0;
   c10::ScalarType dtype = c10::kFloat;  // the allreduce dtype
   c10::Device device = c10::kCPU;
+  /// Storage the bucket keeps between backward passes: its flat buffer, or under gradient sharding only this rank's
+  /// slice (the flat buffer and the padded wire buffer then live from its launch to the end of backward).
+  int64_t bytes = 0;
 };
 
 /// When things happened in the last synchronized backward pass (steady clock), to verify overlap.

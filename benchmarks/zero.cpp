@@ -1,0 +1,233 @@
+// Question: what do ZeRO stages 1 and 2 (amp::Optimizer::attach(ddp, amp::ZeroStage)) save in memory per rank, and
+// what do they cost per training step, against DDP + amp O2 on the same model? Goals (issue 13): stage 2 at 8 ranks
+// under 0.35x of DDP + amp's bytes per rank; a step at most 1.10x DDP + amp's (2 ranks, Gloo on the CPU).
+//
+// Memory: a transformer-shaped stack of ~100 M parameters (per layer: qkv and output projections, a 4x MLP, two
+// LayerNorms; no attention scores, which hold no parameters), O2 bf16, FusedAdamW. After one step each rank counts
+// tensor storage: amp's masters, master gradients and optimizer state (Optimizer::held_bytes), the model's own
+// parameters, and DDP's bucket storage between steps (BucketInfo::bytes). 2 and 4 ranks are measured (forked ranks,
+// Gloo); 8 ranks are computed from the measured bucket layout with ddp::shard_bucket (masters, gradients and Adam's
+// two moments are 4 bytes per element of the rank's slices; the per-piece step counts are left out of that row).
+//
+// Step time: a smaller stack of the same shape, 2 ranks, the three setups interleaved round by round on the same
+// data (each rank its own batch), medians.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include <amp/amp.h>
+#include <amp/fused_optimizers.h>
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/process_group.h>
+#include <ddp/shard_layout.h>
+#include <ddp/spawn.h>
+
+#include "common/timing.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kTimeout{600000};
+constexpr double kMemoryGoal = 0.35;
+constexpr double kStepGoal = 1.10;
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t d) : d(d) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
+    out = register_module("out", torch::nn::Linear(d, d));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    fc1 = register_module("fc1", torch::nn::Linear(d, 4 * d));
+    fc2 = register_module("fc2", torch::nn::Linear(4 * d, d));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    const auto h = qkv(ln1(x));
+    x = x + out(h.narrow(-1, 0, d) * torch::sigmoid(h.narrow(-1, d, d)) + h.narrow(-1, 2 * d, d));
+    return x + fc2(torch::gelu(fc1(ln2(x))));
+  }
+  int64_t d;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear qkv{nullptr}, out{nullptr}, fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct StackImpl : torch::nn::Module {
+  StackImpl(int64_t d, int layers) {
+    for (int i = 0; i < layers; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block(d)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& b : blocks) x = b(x);
+    return x;
+  }
+  std::vector<Block> blocks;
+};
+TORCH_MODULE(Stack);
+
+struct Setup {
+  amp::ZeroStage stage;
+  Stack net{nullptr};
+  std::unique_ptr<amp::FusedAdamW> inner;
+  std::unique_ptr<amp::Initialized<Stack>> amp_;
+  std::unique_ptr<ddp::DistributedDataParallel> ddp_net;
+  std::vector<double> seconds;
+};
+
+std::unique_ptr<Setup> make_setup(const ddp::ProcessGroup& pg, amp::ZeroStage stage, int64_t d, int layers) {
+  auto s = std::make_unique<Setup>();
+  s->stage = stage;
+  torch::manual_seed(0);
+  s->net = Stack(d, layers);
+  s->inner = std::make_unique<amp::FusedAdamW>(s->net->parameters(), amp::FusedAdamOptions(1e-4).weight_decay(1e-2));
+  s->amp_ = std::make_unique<amp::Initialized<Stack>>(amp::initialize(
+      s->net, *s->inner, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16)));
+  s->ddp_net = std::make_unique<ddp::DistributedDataParallel>(s->net, pg);
+  s->amp_->optimizer.attach(*s->ddp_net, stage);
+  return s;
+}
+
+void step(Setup& s, const torch::Tensor& x) {
+  auto& optimizer = s.amp_->optimizer;
+  optimizer.zero_grad();
+  const auto y = s.amp_->model.call([&](const torch::Tensor& in) { return s.ddp_net->forward(in); }, x);
+  {
+    auto scaled = amp::scale_loss(y.pow(2).mean(), optimizer);
+    scaled.backward();
+  }
+  optimizer.step();
+}
+
+const char* stage_name(amp::ZeroStage stage) {
+  return stage == amp::ZeroStage::kNone ? "DDP + amp O2" : stage == amp::ZeroStage::kOne ? "ZeRO stage 1" : "ZeRO stage 2";
+}
+
+struct Bytes {
+  int64_t amp_held = 0, model = 0, buckets = 0;
+  int64_t total() const { return amp_held + model + buckets; }
+};
+
+Bytes measure(Setup& s) {
+  Bytes b;
+  b.amp_held = s.amp_->optimizer.held_bytes().total();
+  for (const auto& p : s.net->parameters()) b.model += static_cast<int64_t>(p.nbytes());
+  for (const auto& info : s.ddp_net->buckets()) b.buckets += info.bytes;
+  return b;
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+void memory(int world, int64_t d, int layers) {
+  ddp::spawn(world, [&](int, int) {
+    at::set_num_threads(1);
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));
+    const auto x = torch::randn({2, 8, d});
+    std::vector<Bytes> measured;
+    std::vector<int64_t> bucket_numels;
+    int64_t params = 0;
+    for (const auto stage : {amp::ZeroStage::kNone, amp::ZeroStage::kOne, amp::ZeroStage::kTwo}) {
+      auto s = make_setup(pg, stage, d, layers);
+      step(*s, x);
+      measured.push_back(measure(*s));
+      if (stage == amp::ZeroStage::kNone) {
+        for (const auto& info : s->ddp_net->buckets()) bucket_numels.push_back(info.num_elements);
+        for (const auto& p : s->net->parameters()) params += p.numel();
+      }
+    }
+    if (pg.rank() != 0) return;
+    fmt::print("\nmemory per rank (rank 0), {} ranks, {:.1f} M parameters, MiB: amp (masters + master grads + Adam) | "
+               "model (bf16/fp32 params) | DDP buckets | total | x DDP + amp\n",
+               world, static_cast<double>(params) / 1e6);
+    for (size_t i = 0; i < measured.size(); ++i) {
+      const Bytes& b = measured[i];
+      fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f}x |\n",
+                 stage_name(static_cast<amp::ZeroStage>(i)), mib(b.amp_held), mib(b.model), mib(b.buckets),
+                 mib(b.total()), static_cast<double>(b.total()) / static_cast<double>(measured[0].total()));
+    }
+    if (world != 2) return;
+    // 8 ranks by arithmetic from this layout: the largest rank's slices of every bucket.
+    constexpr int kEight = 8;
+    int64_t slice = 0, chunk = 0;
+    for (int r = 0; r < kEight; ++r) {
+      int64_t mine = 0;
+      for (const int64_t n : bucket_numels) mine += ddp::shard_bucket(n, kEight).size(r);
+      slice = std::max(slice, mine);
+    }
+    for (const int64_t n : bucket_numels) chunk += ddp::shard_bucket(n, kEight).chunk;
+    const Bytes& ddp_amp = measured[0];
+    const int64_t sharded_amp = 16 * slice;  // fp32 master, master gradient, exp_avg, exp_avg_sq
+    const int64_t bucket_elem = bucket_numels.empty() ? 0 : ddp_amp.buckets / std::max<int64_t>(1, params);
+    const Bytes stage1{sharded_amp, ddp_amp.model, ddp_amp.buckets};
+    const Bytes stage2{sharded_amp, ddp_amp.model, chunk * bucket_elem};
+    fmt::print("8 ranks (computed from the layout above; step counts left out):\n");
+    for (const auto& [name, b] : {std::pair<const char*, Bytes>{"ZeRO stage 1", stage1}, {"ZeRO stage 2", stage2}}) {
+      const double ratio = static_cast<double>(b.total()) / static_cast<double>(ddp_amp.total());
+      fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f}x |\n", name, mib(b.amp_held), mib(b.model),
+                 mib(b.buckets), mib(b.total()), ratio);
+    }
+    const double ratio2 = static_cast<double>(stage2.total()) / static_cast<double>(ddp_amp.total());
+    fmt::print("stage 2 at 8 ranks: {:.3f}x DDP + amp's bytes per rank (goal < {:.2f}x: {})\n", ratio2, kMemoryGoal,
+               ratio2 < kMemoryGoal ? "met" : "NOT met");
+  });
+}
+
+void step_time(int64_t d, int layers, int64_t tokens, int rounds, int steps_per_sample, int threads) {
+  ddp::spawn(2, [&](int, int) {
+    at::set_num_threads(threads);
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));
+    std::vector<std::unique_ptr<Setup>> setups;
+    for (const auto stage : {amp::ZeroStage::kNone, amp::ZeroStage::kOne, amp::ZeroStage::kTwo}) {
+      setups.push_back(make_setup(pg, stage, d, layers));
+    }
+    torch::manual_seed(1 + static_cast<uint64_t>(pg.rank()));
+    const auto x = torch::randn({tokens, d});
+    for (auto& s : setups) step(*s, x);  // warm-up
+    for (int r = 0; r < rounds; ++r) {
+      for (auto& s : setups) {
+        pg.barrier();
+        const auto start = Clock::now();
+        for (int k = 0; k < steps_per_sample; ++k) step(*s, x);
+        s->seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count() / steps_per_sample);
+      }
+    }
+    if (pg.rank() != 0) return;
+    int64_t params = 0;
+    for (const auto& p : setups[0]->net->parameters()) params += p.numel();
+    fmt::print("\nstep time, 2 ranks (Gloo), {} thread(s) each, {:.1f} M parameters, {} tokens per rank, median of {} "
+               "rounds of {} steps\n| setup | step ms | x DDP + amp |\n|---|---|---|\n",
+               threads, static_cast<double>(params) / 1e6, tokens, rounds, steps_per_sample);
+    const double base = bench::median(setups[0]->seconds);
+    double worst = 0;
+    for (const auto& s : setups) {
+      const double t = bench::median(s->seconds);
+      if (s->stage != amp::ZeroStage::kNone) worst = std::max(worst, t / base);
+      fmt::print("| {} | {:.2f} | {:.3f}x |\n", stage_name(s->stage), t * 1e3, t / base);
+    }
+    fmt::print("slowest ZeRO stage: {:.3f}x DDP + amp's step (goal <= {:.2f}x: {})\n", worst, kStepGoal,
+               worst <= kStepGoal ? "met" : "NOT met");
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool full = false;
+  int threads = 1;
+  CLI::App app{"ZeRO stages 1 and 2 vs DDP + amp O2: memory per rank and step time (Gloo, forked local ranks)"};
+  app.add_flag("--full", full, "Memory at ~100 M parameters on 2 and 4 ranks, and 20 timed rounds");
+  app.add_option("--threads", threads, "Intra-op threads per rank for the step time")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  if (full) {
+    memory(2, 1024, 8);
+    memory(4, 1024, 8);
+    step_time(512, 4, 512, 20, 3, threads);
+  } else {
+    memory(2, 256, 2);
+    step_time(256, 2, 128, 5, 2, threads);
+  }
+  return 0;
+}
