@@ -151,18 +151,16 @@ void memory(int world, int64_t d, int layers) {
     if (world != 2) return;
     // 8 ranks by arithmetic from this layout: the largest rank's slices of every bucket.
     constexpr int kEight = 8;
-    int64_t slice = 0, chunk = 0;
+    int64_t slice = 0;
     for (int r = 0; r < kEight; ++r) {
       int64_t mine = 0;
       for (const int64_t n : bucket_numels) mine += ddp::shard_bucket(n, kEight).size(r);
       slice = std::max(slice, mine);
     }
-    for (const int64_t n : bucket_numels) chunk += ddp::shard_bucket(n, kEight).chunk;
     const Bytes& ddp_amp = measured[0];
     const int64_t sharded_amp = 16 * slice;  // fp32 master, master gradient, exp_avg, exp_avg_sq
-    const int64_t bucket_elem = bucket_numels.empty() ? 0 : ddp_amp.buckets / std::max<int64_t>(1, params);
     const Bytes stage1{sharded_amp, ddp_amp.model, ddp_amp.buckets};
-    const Bytes stage2{sharded_amp, ddp_amp.model, chunk * bucket_elem};
+    const Bytes stage2{sharded_amp, ddp_amp.model, measured[2].buckets};  // none kept between steps
     fmt::print("8 ranks (computed from the layout above; step counts left out):\n");
     for (const auto& [name, b] : {std::pair<const char*, Bytes>{"ZeRO stage 1", stage1}, {"ZeRO stage 2", stage2}}) {
       const double ratio = static_cast<double>(b.total()) / static_cast<double>(ddp_amp.total());

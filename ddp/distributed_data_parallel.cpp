@@ -245,7 +245,6 @@ class DistributedDataParallel::Impl {
       // buffer live from the bucket's launch to the end of backward (launch()).
       b.shards = shard_bucket(b.numel, pg_.size());
       b.buffer = at::empty({0}, b.buffer.options());
-      b.shard = at::empty({b.shards.chunk}, b.buffer.options());
     }
   }
 
@@ -434,12 +433,20 @@ class DistributedDataParallel::Impl {
       if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
       grads.push_back(param.grad());
     }
-    if (sharded_) {
+    if (sharded_ && pg_.backend_name() == "gloo") {
+      // Gloo's reduce-scatter is an allreduce of the whole input followed by taking this rank's chunk (PyTorch
+      // #118911): the same bytes on the wire, so allreduce the flat bucket itself (kept in `wire` until the end of
+      // backward) and skip the padded copy. finish_backward hands on this rank's slice of it.
+      b.wire = at::empty({b.numel}, b.buffer.options());
+      detail::copy_into_bucket(b.wire, grads, 1.0 / options_.gradient_predivide_factor());
+      b.work = pg_.allreduce_sum_async(b.wire);
+    } else if (sharded_) {
       // The flat bucket, then each rank's slice at q * chunk of the padded wire buffer (kept until the end of
       // backward: the reduce-scatter reads it).
       at::Tensor flat = at::empty({b.numel}, b.buffer.options());
       detail::copy_into_bucket(flat, grads, 1.0 / options_.gradient_predivide_factor());
       b.wire = at::zeros({b.shards.chunk * pg_.size()}, b.buffer.options());
+      b.shard = at::empty({b.shards.chunk}, b.buffer.options());
       for (int q = 0; q < pg_.size(); ++q) {
         b.wire.narrow(0, q * b.shards.chunk, b.shards.size(q)).copy_(flat.narrow(0, b.shards.begin(q), b.shards.size(q)));
       }
@@ -519,7 +526,8 @@ class DistributedDataParallel::Impl {
       pg_.wait(b.work, bucket_name(i));
       ReducedBucket reduced{static_cast<int64_t>(i), b.buffer, {}, {}, 0, average_scale, caller_stream};
       if (sharded_) {
-        reduced.buffer = b.shard.narrow(0, 0, b.shards.size(pg_.rank()));
+        const at::Tensor& received = pg_.backend_name() == "gloo" ? b.wire.narrow(0, b.shards.begin(pg_.rank()), b.shards.size(pg_.rank())) : b.shard;
+        reduced.buffer = received.narrow(0, 0, b.shards.size(pg_.rank()));
         reduced.offset = b.shards.begin(pg_.rank());
       }
       for (int64_t pi : b.params) {
@@ -531,10 +539,8 @@ class DistributedDataParallel::Impl {
       // before that work has run, whichever stream frees them (the join event orders only the caller's stream).
       if (comm_stream_) {
         b.buffer.record_stream(*comm_stream_);
-        if (sharded_ && b.wire.defined()) {
-          b.wire.record_stream(*comm_stream_);
-          b.shard.record_stream(*comm_stream_);
-        }
+        if (b.wire.defined()) b.wire.record_stream(*comm_stream_);
+        if (b.shard.defined()) b.shard.record_stream(*comm_stream_);
         for (const at::Tensor& grad : reduced.grads) {
           if (grad.defined()) grad.record_stream(*comm_stream_);
         }
@@ -570,7 +576,7 @@ class DistributedDataParallel::Impl {
     for (Bucket& b : buckets_) {
       b.pending = static_cast<int64_t>(b.params.size());
       b.work.reset();
-      b.wire = at::Tensor();  // gradient sharding: the wire buffer lives for one backward
+      b.wire = b.shard = at::Tensor();  // gradient sharding: the wire buffers live for one backward
     }
     next_bucket_ = 0;
     in_backward_ = false;

@@ -55,8 +55,8 @@ struct BucketInfo {
   int64_t num_elements = 0;
   c10::ScalarType dtype = c10::kFloat;  // the allreduce dtype
   c10::Device device = c10::kCPU;
-  /// Storage the bucket keeps between backward passes: its flat buffer, or under gradient sharding only this rank's
-  /// slice (the flat buffer and the padded wire buffer then live from its launch to the end of backward).
+  /// Storage the bucket keeps between backward passes: its flat buffer; none under gradient sharding (the flat
+  /// buffer, the padded wire buffer and the received slice then live from its launch to the end of backward).
   int64_t bytes = 0;
 };
 
@@ -203,7 +203,8 @@ class DistributedDataParallel {
   /// later restore_gradient_order() is refused.
   void freeze_bucket_layout();
   /// ZeRO stage 2 (amp::Optimizer::attach with amp::ZeroStage::kTwo sets it): each bucket is reduce-scattered
-  /// instead of all-reduced, as soon as its gradients are ready, and this rank receives only its slice
+  /// instead of all-reduced (with Gloo, whose reduce-scatter is an allreduce of the whole input: all-reduced, and
+  /// the slice taken), as soon as its gradients are ready, and this rank receives only its slice
   /// (ddp::shard_bucket over world_size ranks) of the sum; a bucket consumer must take every bucket (nobody else can
   /// write a whole average back: a bucket nobody takes is an error out of backward). Freezes the bucket layout.
   /// Call it on every rank, outside backward.

@@ -279,6 +279,86 @@ TEST(ZeroTest, UnderGradientShardingEachRankReceivesItsSliceOfTheSum) {
   }
 }
 
+/// Linear -> BatchNorm1d (fp32 under O2: a second dtype, so a second send buffer and all-gather) -> Linear.
+struct BnNetImpl : torch::nn::Module {
+  BnNetImpl() {
+    a = register_module("a", torch::nn::Linear(7, 12));
+    bn = register_module("bn", torch::nn::BatchNorm1d(12));
+    b = register_module("b", torch::nn::Linear(12, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) { return b(torch::relu(bn(a(x)))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(BnNet);
+
+/// Two losses per step (their own scalers) and, when `synced_accumulation`, a first synchronized backward with
+/// delay_unscale=true (stage 1 and DDP + amp only: stage 2 refuses it).
+std::vector<torch::Tensor> train_two_dtypes(const ddp::ProcessGroup& pg, int rank, amp::ZeroStage stage,
+                                            bool synced_accumulation) {
+  torch::manual_seed(2);
+  BnNet net;
+  amp::FusedAdamW adamw(net->parameters(), amp::FusedAdamOptions(5e-3).weight_decay(1e-2));
+  auto [model, optimizer] = amp::initialize(
+      net, adamw, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16).num_losses(2));
+  ddp::DistributedDataParallel ddp_net(
+      net, pg, ddp::DistributedDataParallelOptions().first_bucket_mb(1e-4).rebuild_buckets(false));
+  optimizer.attach(ddp_net, stage);
+  int fp32_params = 0;  // BatchNorm's weight and bias stay fp32 (keep_batchnorm_fp32); the rest is bf16
+  for (const auto& p : net->parameters()) fp32_params += p.scalar_type() == torch::kFloat;
+  TORCH_CHECK(fp32_params == 2, "expected two fp32 parameters under O2, found ", fp32_params);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(300 + rank);
+  auto forward = [&] {
+    return model.call([&](const torch::Tensor& in) { return ddp_net.forward(in); }, torch::randn({8, 7}, generator));
+  };
+  for (int s = 0; s < 8; ++s) {
+    optimizer.zero_grad();
+    if (synced_accumulation) {
+      auto scaled = amp::scale_loss(forward().pow(2).mean(), optimizer, 0, /*delay_unscale=*/true);
+      scaled.backward();
+    }
+    {
+      auto scaled = amp::scale_loss(forward().pow(2).mean(), optimizer, 0);
+      scaled.backward();
+    }
+    {
+      auto scaled = amp::scale_loss(forward().abs().mean(), optimizer, 1);
+      scaled.backward();
+    }
+    optimizer.step();
+  }
+  std::vector<torch::Tensor> out;
+  if (amp::detail::ZeroShard* zero = optimizer.state().zero()) {
+    out = zero->full_masters();
+  } else {
+    for (const auto& slot : optimizer.state().slots()) out.push_back(slot.master.detach().clone());
+  }
+  for (const auto& p : net->parameters()) out.push_back(p.detach().to(torch::kFloat));
+  for (const auto& b : net->buffers()) out.push_back(b.detach().to(torch::kFloat));
+  return out;
+}
+
+TEST(ZeroTest, TwoParameterDtypesTwoLossesAndSynchronizedAccumulationTrainLikeDdpAmpO2) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::run_ranks(
+      [](int rank, const ddp::ProcessGroup& pg) {
+        for (const bool synced : {false, true}) {
+          const auto reference = train_two_dtypes(pg, rank, amp::ZeroStage::kNone, synced);
+          for (const auto stage : {amp::ZeroStage::kOne, amp::ZeroStage::kTwo}) {
+            if (synced && stage == amp::ZeroStage::kTwo) continue;
+            const auto zero = train_two_dtypes(pg, rank, stage, synced);
+            TORCH_CHECK(bit_identical(zero, reference), "rank ", rank, ", stage ", static_cast<int>(stage),
+                        synced ? " (synchronized accumulation)" : "", ": differs from DDP + amp O2 by ",
+                        max_relative_difference(zero, reference), " (relative)");
+          }
+        }
+        // Stage 2 refuses a synchronized backward that does not unscale, out of backward, on every rank.
+        const std::string message = ddp_test::error_of([&] { train_two_dtypes(pg, rank, amp::ZeroStage::kTwo, true); });
+        TORCH_CHECK(ddp_test::contains_all(message, {"no consumer took it", "no_sync"}), "rank ", rank, ": ", message);
+      },
+      2);
+}
+
 TEST(ZeroTest, AnInfOnOneRankMakesEveryRankSkipTheSameStep) {
   LTA_REQUIRE_GLOO();
   for (const int stage : {1, 2}) {
