@@ -25,14 +25,14 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <ctime>
-#include <random>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <functional>
-#include <memory>
 #include <iomanip>
 #include <iterator>
+#include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <typeinfo>
@@ -314,8 +314,9 @@ void load_checkpoint(const std::string& path, State& state, CheckpointExtras* ex
   ZeroShard* const zero = state.zero();
   if (is_sharded_index(path)) {
     if (zero == nullptr) {
-      fail(path, "is a sharded ZeRO checkpoint (one file per rank): it loads into a run attached with a ZeroStage. To "
-                 "get a file for a run without ZeRO, load it into a ZeRO run and save it with amp::save_checkpoint");
+      fail(path,
+           "is a sharded ZeRO checkpoint (one file per rank): it loads into a run attached with a ZeroStage. To "
+           "get a file for a run without ZeRO, load it into a ZeRO run and save it with amp::save_checkpoint");
     }
     load_sharded(path, state, *zero, extras);
     return;
@@ -349,8 +350,7 @@ void load_checkpoint(const std::string& path, State& state, CheckpointExtras* ex
 
 namespace {
 
-std::function<void()> load_checked_parts(const std::string& path, State& state, CheckpointExtras* extras,
-                                         bool defer) {
+std::function<void()> load_checked_parts(const std::string& path, State& state, CheckpointExtras* extras, bool defer) {
   Parts parts;
   read_parts(path, state.device(), parts);
   const std::string loading = type_name(state.optimizer());
@@ -379,9 +379,7 @@ std::function<void()> load_checked_parts(const std::string& path, State& state, 
   }
   auto shared = std::make_shared<Parts>(std::move(parts));
   auto copies = std::make_shared<decltype(model_copies)>(std::move(model_copies));
-  std::function<void()> apply = [&state, extras, shared, copies] {
-    apply_loaded(state, *copies, *shared, extras);
-  };
+  std::function<void()> apply = [&state, extras, shared, copies] { apply_loaded(state, *copies, *shared, extras); };
   if (!defer) apply();
   return apply;
 }
@@ -469,7 +467,8 @@ void load_sharded(const std::string& path, State& state, ZeroShard& zero, Checkp
     while (std::getline(lines, line)) {
       const std::string file = directory_of(path) + line;
       torch::serialize::InputArchive shard;
-      checked(file, "cannot read this shard of '" + path + "': ", [&] { shard.load_from(file, c10::Device(c10::kCPU)); });
+      checked(file,
+              "cannot read this shard of '" + path + "': ", [&] { shard.load_from(file, c10::Device(c10::kCPU)); });
       at::Tensor version;
       if (!shard.try_read(kShardFormatKey, version) || version.numel() != 1 ||
           version.item<int64_t>() != kShardFormatVersion) {
@@ -512,8 +511,9 @@ void load_sharded(const std::string& path, State& state, ZeroShard& zero, Checkp
 void save_checkpoint_sharded(const std::string& path, State& state, const CheckpointExtras& extras) {
   ZeroShard* const zero = state.zero();
   if (zero == nullptr) {
-    fail(path, "save_checkpoint_sharded needs a run attached with a ZeroStage (each rank writes its shard); without "
-               "ZeRO use amp::save_checkpoint");
+    fail(path,
+         "save_checkpoint_sharded needs a run attached with a ZeroStage (each rank writes its shard); without "
+         "ZeRO use amp::save_checkpoint");
   }
   std::string extra_names;
   for (const auto& entry : extras) {

@@ -204,9 +204,7 @@ void FusedAdam::fused_step(at::TensorList model_params, const at::Tensor& found_
 
 void FusedAdam::sync_lr() { sync_group_lrs(param_groups_, groups_state_); }
 
-std::vector<std::string> FusedAdam::state_fields() const {
-  return {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-}
+std::vector<std::string> FusedAdam::state_fields() const { return {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
 
 std::vector<at::Tensor> FusedAdam::state_tensors() const {
   std::vector<at::Tensor> all;

@@ -8,9 +8,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <amp/zero_shard.h>
 #include <ddp/bucket_copy.h>
 #include <ddp/distributed_data_parallel.h>
-#include <amp/zero_shard.h>
 #include <kernels/scaled_copy.h>
 
 namespace amp::detail {
@@ -19,7 +19,8 @@ void State::attach(ddp::DistributedDataParallel& ddp, ZeroStage stage) {
   TORCH_CHECK(ddp.module().get() == module_,
               "amp: attach() got a DistributedDataParallel that wraps a different module than the one "
               "amp::initialize prepared; wrap the initialized module itself");
-  TORCH_CHECK(zero_ == nullptr, "amp: attach() after attach() with a ZeroStage: the optimizer is sharded along that "
+  TORCH_CHECK(zero_ == nullptr,
+              "amp: attach() after attach() with a ZeroStage: the optimizer is sharded along that "
               "DistributedDataParallel's buckets; attach once");
   if (stage != ZeroStage::kNone) zero_ = std::make_unique<ZeroShard>(*this, ddp, stage);
   slot_of_.clear();

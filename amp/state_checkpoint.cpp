@@ -78,11 +78,10 @@ void State::save_model(torch::serialize::OutputArchive& archive) const {
   const std::vector<at::Tensor> gathered = zero_ != nullptr ? zero_->full_masters() : std::vector<at::Tensor>();
   for (const auto& p : module_->named_parameters(true)) {
     auto it = slot_of.find(p.value().unsafeGetTensorImpl());
-    const at::Tensor& value =
-        it == slot_of.end()                        ? p.value()
-        : !gathered.empty()                        ? gathered[static_cast<size_t>(it->second - slots_.data())]
-        : it->second->has_master                   ? it->second->master
-                                                   : p.value();
+    const at::Tensor& value = it == slot_of.end()      ? p.value()
+                              : !gathered.empty()      ? gathered[static_cast<size_t>(it->second - slots_.data())]
+                              : it->second->has_master ? it->second->master
+                                                       : p.value();
     archive.write(p.key(), value.detach().to(at::kFloat).cpu());
   }
   for (const auto& b : module_->named_buffers(true)) {

@@ -14,7 +14,6 @@ std::string State::param_name(int64_t index) const {
   return slots_[index].name;
 }
 
-
 void State::check_diagnostics() {
   for (size_t id = 0; id < scalers_.size(); ++id) {
     const ScalerDiagnostics d = scalers_[id]->diagnostics();

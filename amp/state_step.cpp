@@ -77,7 +77,6 @@ at::Tensor State::step(const torch::optim::Optimizer::LossClosure& closure) {
   return result;
 }
 
-
 void State::zero_grad() {
   for (auto& slot : slots_) {
     slot.model.mutable_grad() = at::Tensor();

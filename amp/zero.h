@@ -11,7 +11,8 @@ enum class ZeroStage {
   /// Every rank holds all fp32 masters, master gradients and optimizer state (plain DDP + amp).
   kNone = 0,
   /// Each rank holds the fp32 masters, the fp32 master gradients and the optimizer state of its shard only;
-  /// gradients are all-reduced as without ZeRO and each rank unscales only its shard of each bucket; after the step the updated shards are all-gathered
+  /// gradients are all-reduced as without ZeRO and each rank unscales only its shard of each bucket; after the step the
+  /// updated shards are all-gathered
   /// into every rank's (half) model parameters.
   kOne = 1,
   /// Stage 1, and each gradient bucket is reduce-scattered instead of all-reduced, as soon as it is ready: a rank

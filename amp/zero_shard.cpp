@@ -128,8 +128,9 @@ ZeroShard::ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage 
     chunk_total_ += s.chunk;
   }
   for (size_t i = 0; i < state.slots_.size(); ++i) {
-    TORCH_CHECK(covered[i], "amp: ZeRO: the optimizer holds '", state.slots_[i].name,
-                "' but DistributedDataParallel does not reduce it (requires_grad=false?); remove it from the optimizer");
+    TORCH_CHECK(
+        covered[i], "amp: ZeRO: the optimizer holds '", state.slots_[i].name,
+        "' but DistributedDataParallel does not reduce it (requires_grad=false?); remove it from the optimizer");
   }
 
   // This rank's shard: fp32 masters taken from the full masters (or the fp32 parameters), the send buffers from the
@@ -211,11 +212,12 @@ void ZeroShard::accumulate(const std::vector<size_t>& pieces, const std::vector<
 
 bool ZeroShard::consume_bucket(const ddp::ReducedBucket& bucket, LossScaler& scaler, at::Tensor& bucket_scale) {
   if (state_.active_loss_id_ < 0 || state_.active_delay_unscale_) return false;
-  TORCH_CHECK(bucket.index >= 0 && bucket.index < static_cast<int64_t>(my_pieces_.size()),
-              "amp: ZeRO got bucket ", bucket.index, " of a layout with ", my_pieces_.size(), " buckets");
+  TORCH_CHECK(bucket.index >= 0 && bucket.index < static_cast<int64_t>(my_pieces_.size()), "amp: ZeRO got bucket ",
+              bucket.index, " of a layout with ", my_pieces_.size(), " buckets");
   const std::vector<size_t>& mine = my_pieces_[static_cast<size_t>(bucket.index)];
   std::vector<at::Tensor> src;
-  for (size_t i : mine) src.push_back(bucket.buffer.narrow(0, pieces_[i].bucket_offset - bucket.offset, pieces_[i].numel));
+  for (size_t i : mine)
+    src.push_back(bucket.buffer.narrow(0, pieces_[i].bucket_offset - bucket.offset, pieces_[i].numel));
   bucket_scale.copy_(scaler.inv_scale()).mul_(bucket.average_scale);
   accumulate(mine, src, bucket_scale, scaler);
   // The rest of the bucket's gradients belong to other ranks' shards: freed.
@@ -265,7 +267,8 @@ void ZeroShard::publish() {
     for (const Piece& p : pieces_) {
       if (p.dtype != d) continue;
       src.push_back(gathered.narrow(0, p.rank * n + p.send_offset, p.numel));
-      dst.push_back(state_.slots_[static_cast<size_t>(p.slot)].model.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
+      dst.push_back(
+          state_.slots_[static_cast<size_t>(p.slot)].model.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
     }
     if (!src.empty()) kernels::scaled_copy_(src, dst, 1.0);
   }
@@ -292,8 +295,8 @@ at::Tensor ZeroShard::clip_grad_norm_(double max_norm, const at::Tensor& found_i
   const std::vector<at::Tensor> local = grads();
   const auto fp64 = at::TensorOptions().dtype(at::kDouble).device(masters_.device());
   // The sum of squares of this shard in fp64 (the l2 norm kernel's own accumulation), summed over the ranks.
-  at::Tensor sum_sq = local.empty() ? at::zeros({1}, fp64)
-                                    : kernels::l2_norm(local).total.to(at::kDouble).square().reshape({1});
+  at::Tensor sum_sq =
+      local.empty() ? at::zeros({1}, fp64) : kernels::l2_norm(local).total.to(at::kDouble).square().reshape({1});
   pg_.allreduce_sum_(sum_sq, "ZeRO gradient norm allreduce");
   const at::Tensor total = sum_sq.sqrt().to(at::kFloat).reshape({});
   const at::Tensor finite = at::isfinite(total);
@@ -329,13 +332,14 @@ at::Tensor ZeroShard::gather_chunks(int64_t width,
 }
 
 std::vector<at::Tensor> ZeroShard::full_masters() const {
-  const at::Tensor all =
-      gather_chunks(1, [](const Piece& p, int64_t, at::Tensor dst) { dst.copy_(p.held.detach()); });
+  const at::Tensor all = gather_chunks(1, [](const Piece& p, int64_t, at::Tensor dst) { dst.copy_(p.held.detach()); });
   std::vector<at::Tensor> full;
   for (const ParamSlot& slot : state_.slots_) full.push_back(at::empty(slot.model.sizes(), masters_.options()));
   for (const Piece& p : pieces_) {
-    full[static_cast<size_t>(p.slot)].view({-1}).narrow(0, p.param_offset, p.numel).copy_(
-        all.narrow(0, p.rank * chunk_total_ + chunk_position(p), p.numel));
+    full[static_cast<size_t>(p.slot)]
+        .view({-1})
+        .narrow(0, p.param_offset, p.numel)
+        .copy_(all.narrow(0, p.rank * chunk_total_ + chunk_position(p), p.numel));
   }
   return full;
 }
@@ -421,7 +425,8 @@ std::string ZeroShard::shard_optimizer_archive(torch::serialize::InputArchive& f
       }
       TORCH_CHECK(value.numel() == slot.model.numel(), "optimizer checkpoint: ", key, " has ", value.numel(),
                   " elements but '", slot.name, "' has ", slot.model.numel());
-      out.write(prefix + std::to_string(p.index_in_group), value.reshape({-1}).narrow(0, p.param_offset, p.numel).clone());
+      out.write(prefix + std::to_string(p.index_in_group),
+                value.reshape({-1}).narrow(0, p.param_offset, p.numel).clone());
     }
   }
   std::ostringstream bytes;
@@ -431,8 +436,8 @@ std::string ZeroShard::shard_optimizer_archive(torch::serialize::InputArchive& f
 
 void ZeroShard::master_copies(const std::vector<at::Tensor>& values,
                               std::vector<std::pair<at::Tensor, at::Tensor>>& out) const {
-  TORCH_CHECK(values.size() == state_.slots_.size(), "ZeRO: ", values.size(), " values for ",
-              state_.slots_.size(), " parameters");
+  TORCH_CHECK(values.size() == state_.slots_.size(), "ZeRO: ", values.size(), " values for ", state_.slots_.size(),
+              " parameters");
   for (size_t i : step_order_) {
     const Piece& p = pieces_[i];
     const at::Tensor part = values[static_cast<size_t>(p.slot)].reshape({-1}).narrow(0, p.param_offset, p.numel);
@@ -597,7 +602,8 @@ std::string ZeroShard::finish_shard_load(const ShardLoad& load,
                   "' only (shards of different checkpoints?)");
       if (lo == 0.0f) continue;
       const at::Tensor value = load.fields[f].narrow(0, p.shard_offset, p.numel);
-      const std::string key = "group" + std::to_string(p.group) + "." + fields[f] + "." + std::to_string(p.index_in_group);
+      const std::string key =
+          "group" + std::to_string(p.group) + "." + fields[f] + "." + std::to_string(p.index_in_group);
       out.write(key, fields[f] == "step" ? value.narrow(0, 0, 1).clone() : value.clone());
     }
   }

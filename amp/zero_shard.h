@@ -86,8 +86,8 @@ class ZeroShard {
   std::string save_shard() const;
   /// What a sharded load has gathered so far for this rank's pieces, from shard files of any world size.
   struct ShardLoad {
-    at::Tensor masters, masters_seen;                      // per element of this rank's shard
-    std::vector<at::Tensor> fields, fields_seen;           // per state field: per element (a step count repeated)
+    at::Tensor masters, masters_seen;             // per element of this rank's shard
+    std::vector<at::Tensor> fields, fields_seen;  // per state field: per element (a step count repeated)
   };
   ShardLoad begin_shard_load() const;
   /// Takes from one shard file's bytes (any rank of any world size) whatever overlaps this rank's pieces. Checks the
@@ -110,17 +110,17 @@ class ZeroShard {
     int64_t param_offset = 0;  // first element inside the (flattened) parameter
     int64_t numel = 0;
     int64_t bucket = 0;
-    int64_t bucket_offset = 0;  // first element inside the bucket
-    int rank = 0;               // the rank whose slice holds it
-    size_t dtype = 0;           // index into send_
-    int64_t send_offset = 0;    // first element inside its rank's send buffer
-    int64_t shard_offset = 0;   // this rank's pieces: first element inside masters_ / grads_
-    int64_t group = 0;          // the optimizer's param group
+    int64_t bucket_offset = 0;   // first element inside the bucket
+    int rank = 0;                // the rank whose slice holds it
+    size_t dtype = 0;            // index into send_
+    int64_t send_offset = 0;     // first element inside its rank's send buffer
+    int64_t shard_offset = 0;    // this rank's pieces: first element inside masters_ / grads_
+    int64_t group = 0;           // the optimizer's param group
     int64_t index_in_group = 0;  // this rank's pieces: position among the pieces the optimizer holds in that group
-    at::Tensor held;            // this rank's pieces: masters_ view the optimizer holds
-    at::Tensor grad;            // this rank's pieces: grads_ view
-    at::Tensor out;             // this rank's pieces: send buffer view the step writes the rounded value to
-    bool has_grad = false;      // received a gradient since zero_grad
+    at::Tensor held;             // this rank's pieces: masters_ view the optimizer holds
+    at::Tensor grad;             // this rank's pieces: grads_ view
+    at::Tensor out;              // this rank's pieces: send buffer view the step writes the rounded value to
+    bool has_grad = false;       // received a gradient since zero_grad
   };
   /// One all-gather of a chunk-layout buffer per rank (`width` values per element): fill(piece, dst) writes this
   /// rank's piece; the result holds rank q's buffer at [q * width * chunk_total_, ...).
@@ -134,7 +134,7 @@ class ZeroShard {
   State& state_;
   ddp::ProcessGroup pg_;
   ZeroStage stage_;
-  std::vector<ddp::BucketShards> shards_;        // per bucket
+  std::vector<ddp::BucketShards> shards_;       // per bucket
   std::vector<std::vector<size_t>> my_pieces_;  // per bucket: indices into pieces_ of this rank's pieces
   std::vector<Piece> pieces_;                   // every rank's, bucket by bucket, rank by rank
   std::vector<size_t> step_order_;              // this rank's pieces in the optimizer's param-group order

@@ -84,8 +84,8 @@ std::unique_ptr<Setup> make_setup(const ddp::ProcessGroup& pg, amp::ZeroStage st
   torch::manual_seed(0);
   s->net = Stack(d, layers);
   s->inner = std::make_unique<amp::FusedAdamW>(s->net->parameters(), amp::FusedAdamOptions(1e-4).weight_decay(1e-2));
-  s->amp_ = std::make_unique<amp::Initialized<Stack>>(amp::initialize(
-      s->net, *s->inner, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16)));
+  s->amp_ = std::make_unique<amp::Initialized<Stack>>(
+      amp::initialize(s->net, *s->inner, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16)));
   s->ddp_net = std::make_unique<ddp::DistributedDataParallel>(s->net, pg);
   s->amp_->optimizer.attach(*s->ddp_net, stage);
   return s;
@@ -103,7 +103,9 @@ void step(Setup& s, const torch::Tensor& x) {
 }
 
 const char* stage_name(amp::ZeroStage stage) {
-  return stage == amp::ZeroStage::kNone ? "DDP + amp O2" : stage == amp::ZeroStage::kOne ? "ZeRO stage 1" : "ZeRO stage 2";
+  return stage == amp::ZeroStage::kNone  ? "DDP + amp O2"
+         : stage == amp::ZeroStage::kOne ? "ZeRO stage 1"
+                                         : "ZeRO stage 2";
 }
 
 struct Bytes {
@@ -139,14 +141,15 @@ void memory(int world, int64_t d, int layers) {
       }
     }
     if (pg.rank() != 0) return;
-    fmt::print("\nmemory per rank (rank 0), {} ranks, {:.1f} M parameters, MiB: amp (masters + master grads + Adam) | "
-               "model (bf16/fp32 params) | DDP buckets | total | x DDP + amp\n",
-               world, static_cast<double>(params) / 1e6);
+    fmt::print(
+        "\nmemory per rank (rank 0), {} ranks, {:.1f} M parameters, MiB: amp (masters + master grads + Adam) | "
+        "model (bf16/fp32 params) | DDP buckets | total | x DDP + amp\n",
+        world, static_cast<double>(params) / 1e6);
     for (size_t i = 0; i < measured.size(); ++i) {
       const Bytes& b = measured[i];
-      fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f}x |\n",
-                 stage_name(static_cast<amp::ZeroStage>(i)), mib(b.amp_held), mib(b.model), mib(b.buckets),
-                 mib(b.total()), static_cast<double>(b.total()) / static_cast<double>(measured[0].total()));
+      fmt::print("| {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f}x |\n", stage_name(static_cast<amp::ZeroStage>(i)),
+                 mib(b.amp_held), mib(b.model), mib(b.buckets), mib(b.total()),
+                 static_cast<double>(b.total()) / static_cast<double>(measured[0].total()));
     }
     if (world != 2) return;
     // 8 ranks by arithmetic from this layout: the largest rank's slices of every bucket.
@@ -195,9 +198,10 @@ void step_time(int64_t d, int layers, int64_t tokens, int rounds, int steps_per_
     if (pg.rank() != 0) return;
     int64_t params = 0;
     for (const auto& p : setups[0]->net->parameters()) params += p.numel();
-    fmt::print("\nstep time, 2 ranks (Gloo), {} thread(s) each, {:.1f} M parameters, {} tokens per rank, median of {} "
-               "rounds of {} steps\n| setup | step ms | x DDP + amp |\n|---|---|---|\n",
-               threads, static_cast<double>(params) / 1e6, tokens, rounds, steps_per_sample);
+    fmt::print(
+        "\nstep time, 2 ranks (Gloo), {} thread(s) each, {:.1f} M parameters, {} tokens per rank, median of {} "
+        "rounds of {} steps\n| setup | step ms | x DDP + amp |\n|---|---|---|\n",
+        threads, static_cast<double>(params) / 1e6, tokens, rounds, steps_per_sample);
     const double base = bench::median(setups[0]->seconds);
     double worst = 0;
     for (const auto& s : setups) {

@@ -202,7 +202,8 @@ class DistributedDataParallel::Impl {
       BucketInfo info;
       for (int64_t p : b.params) info.parameter_names.push_back(params_[p].name);
       info.num_elements = b.numel;
-      info.bytes = static_cast<int64_t>(b.buffer.nbytes()) + (b.shard.defined() ? static_cast<int64_t>(b.shard.nbytes()) : 0);
+      info.bytes =
+          static_cast<int64_t>(b.buffer.nbytes()) + (b.shard.defined() ? static_cast<int64_t>(b.shard.nbytes()) : 0);
       info.dtype = b.buffer.scalar_type();
       info.device = b.buffer.device();
       infos.push_back(std::move(info));
@@ -218,7 +219,8 @@ class DistributedDataParallel::Impl {
   void restore_gradient_order(const std::vector<int64_t>& order) {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!in_backward_, "DistributedDataParallel::restore_gradient_order: called during a backward pass");
-    TORCH_CHECK(!frozen_, "DistributedDataParallel::restore_gradient_order: the bucket layout is frozen (ZeRO attached "
+    TORCH_CHECK(!frozen_,
+                "DistributedDataParallel::restore_gradient_order: the bucket layout is frozen (ZeRO attached "
                 "to it); restore the order before amp::Optimizer::attach");
     rebuild_buckets(order, /*restoring=*/true);
   }
@@ -448,7 +450,8 @@ class DistributedDataParallel::Impl {
       b.wire = at::zeros({b.shards.chunk * pg_.size()}, b.buffer.options());
       b.shard = at::empty({b.shards.chunk}, b.buffer.options());
       for (int q = 0; q < pg_.size(); ++q) {
-        b.wire.narrow(0, q * b.shards.chunk, b.shards.size(q)).copy_(flat.narrow(0, b.shards.begin(q), b.shards.size(q)));
+        b.wire.narrow(0, q * b.shards.chunk, b.shards.size(q))
+            .copy_(flat.narrow(0, b.shards.begin(q), b.shards.size(q)));
       }
       b.work = pg_.reduce_scatter_sum_async(b.shard, b.wire);
     } else {
@@ -460,8 +463,9 @@ class DistributedDataParallel::Impl {
 
   std::string bucket_name(size_t index) const {
     const Bucket& b = buckets_[index];
-    return c10::str(sharded_ ? "reduce-scatter" : "allreduce", " of gradient bucket ", index, " of ", buckets_.size(), " (", b.params.size(),
-                    " parameters, ", params_[b.params.front()].name, " .. ", params_[b.params.back()].name, ")");
+    return c10::str(sharded_ ? "reduce-scatter" : "allreduce", " of gradient bucket ", index, " of ", buckets_.size(),
+                    " (", b.params.size(), " parameters, ", params_[b.params.front()].name, " .. ",
+                    params_[b.params.back()].name, ")");
   }
 
   /// The end-of-backward callback: every bucket is started (late ones now), waited for, and its average written
@@ -526,7 +530,9 @@ class DistributedDataParallel::Impl {
       pg_.wait(b.work, bucket_name(i));
       ReducedBucket reduced{static_cast<int64_t>(i), b.buffer, {}, {}, 0, average_scale, caller_stream};
       if (sharded_) {
-        const at::Tensor& received = pg_.backend_name() == "gloo" ? b.wire.narrow(0, b.shards.begin(pg_.rank()), b.shards.size(pg_.rank())) : b.shard;
+        const at::Tensor& received = pg_.backend_name() == "gloo"
+                                         ? b.wire.narrow(0, b.shards.begin(pg_.rank()), b.shards.size(pg_.rank()))
+                                         : b.shard;
         reduced.buffer = received.narrow(0, 0, b.shards.size(pg_.rank()));
         reduced.offset = b.shards.begin(pg_.rank());
       }
@@ -593,8 +599,8 @@ class DistributedDataParallel::Impl {
   std::vector<int64_t> observed_order_;  // the order of the last complete synchronized pass, until rebuilt
   std::vector<int64_t> rebuilt_order_;   // the order the rebuilt buckets follow (empty: not rebuilt from one)
   bool rebuilt_ = false;
-  bool frozen_ = false;   // freeze_bucket_layout(): never rebuilt or restored again
-  bool sharded_ = false;  // set_gradient_sharding(true): buckets are reduce-scattered
+  bool frozen_ = false;                     // freeze_bucket_layout(): never rebuilt or restored again
+  bool sharded_ = false;                    // set_gradient_sharding(true): buckets are reduce-scattered
   std::optional<c10::Stream> comm_stream_;  // CUDA only
   std::optional<c10::Event> join_event_;    // orders the caller's stream after the write-back (CUDA only)
 };

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -93,8 +93,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, ZNet& net) {
   for (const auto& p : net->unused->parameters()) rest.push_back(p);
   groups.emplace_back(rest, std::make_unique<amp::FusedAdamOptions>(
                                 amp::FusedAdamOptions(3e-3).weight_decay(1e-2).decoupled_weight_decay(true)));
-  return std::make_unique<amp::FusedAdam>(
-      groups, amp::FusedAdamOptions(1e-2).weight_decay(1e-2).decoupled_weight_decay(true));
+  return std::make_unique<amp::FusedAdam>(groups,
+                                          amp::FusedAdamOptions(1e-2).weight_decay(1e-2).decoupled_weight_decay(true));
 }
 
 /// One rank's run: DDP + amp O2 (bf16, dynamic loss scale), attached with `setup.stage`, several buckets, no bucket
@@ -104,8 +104,8 @@ ZeroRun train(const ddp::ProcessGroup& pg, int rank, const ZeroSetup& setup) {
   torch::manual_seed(1);
   ZNet net;
   auto optimizer_owner = make_optimizer(setup.opt, net);
-  auto [model, optimizer] = amp::initialize(
-      net, *optimizer_owner, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16));
+  auto [model, optimizer] =
+      amp::initialize(net, *optimizer_owner, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16));
   ddp::DistributedDataParallel ddp_net(net, pg,
                                        ddp::DistributedDataParallelOptions()
                                            .first_bucket_mb(1e-4)
@@ -446,7 +446,8 @@ TEST(ZeroTest, WhatZeroCannotTakeIsRefusedWithAClearError) {
           ZNet net;
           torch::optim::SGD sgd(net->parameters(), 0.1);
           auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O2));
-          ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+          ddp::DistributedDataParallel ddp_net(net, pg,
+                                               ddp::DistributedDataParallelOptions().find_unused_parameters(true));
           expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kOne); }, {"fused optimizers", "torch::optim"});
         }
         {  // an optimizer that does not hold every parameter DDP reduces
@@ -454,15 +455,18 @@ TEST(ZeroTest, WhatZeroCannotTakeIsRefusedWithAClearError) {
           ZNet net;
           amp::FusedSGD sgd(net->a->parameters(), amp::FusedSgdOptions(0.1));
           auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O2));
-          ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
-          expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kTwo); }, {"is reduced by DistributedDataParallel but the optimizer does not hold it"});
+          ddp::DistributedDataParallel ddp_net(net, pg,
+                                               ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+          expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kTwo); },
+                       {"is reduced by DistributedDataParallel but the optimizer does not hold it"});
         }
         {  // a second attach
           torch::manual_seed(1);
           ZNet net;
           amp::FusedSGD sgd(net->parameters(), amp::FusedSgdOptions(0.1));
           auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O2));
-          ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+          ddp::DistributedDataParallel ddp_net(net, pg,
+                                               ddp::DistributedDataParallelOptions().find_unused_parameters(true));
           optimizer.attach(ddp_net, amp::ZeroStage::kOne);
           expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kOne); }, {"attach once"});
           expect_error([&] { ddp_net.restore_gradient_order({0, 1, 2, 3, 4, 5}); }, {"frozen"});
@@ -472,7 +476,8 @@ TEST(ZeroTest, WhatZeroCannotTakeIsRefusedWithAClearError) {
           ZNet net;
           amp::FusedSGD sgd(net->parameters(), amp::FusedSgdOptions(0.1));
           auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O2));
-          ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+          ddp::DistributedDataParallel ddp_net(net, pg,
+                                               ddp::DistributedDataParallelOptions().find_unused_parameters(true));
           optimizer.step();
           expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kTwo); }, {"before the first scale_loss"});
         }
@@ -481,7 +486,8 @@ TEST(ZeroTest, WhatZeroCannotTakeIsRefusedWithAClearError) {
           ZNet net;
           amp::FusedSGD sgd(net->parameters(), amp::FusedSgdOptions(0.1));
           auto [model, optimizer] = amp::initialize(net, sgd, amp::Options().opt_level(amp::OptLevel::O3));
-          ddp::DistributedDataParallel ddp_net(net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+          ddp::DistributedDataParallel ddp_net(net, pg,
+                                               ddp::DistributedDataParallelOptions().find_unused_parameters(true));
           expect_error([&] { optimizer.attach(ddp_net, amp::ZeroStage::kOne); }, {"O3 keeps no masters"});
         }
       },
@@ -506,10 +512,12 @@ struct Trainer {
     inner = make_optimizer(Opt::kAdamW, net);
     amp_ = std::make_unique<amp::Initialized<ZNet>>(
         amp::initialize(net, *inner, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16)));
-    ddp_net = std::make_unique<ddp::DistributedDataParallel>(
-        net, pg,
-        ddp::DistributedDataParallelOptions().first_bucket_mb(1e-4).bucket_cap_mb(3e-4).find_unused_parameters(true)
-            .rebuild_buckets(false));
+    ddp_net = std::make_unique<ddp::DistributedDataParallel>(net, pg,
+                                                             ddp::DistributedDataParallelOptions()
+                                                                 .first_bucket_mb(1e-4)
+                                                                 .bucket_cap_mb(3e-4)
+                                                                 .find_unused_parameters(true)
+                                                                 .rebuild_buckets(false));
     amp_->optimizer.attach(*ddp_net, stage);
   }
   amp::Optimizer& optimizer() { return amp_->optimizer; }
@@ -622,8 +630,10 @@ TEST(ZeroCheckpointTest, ACorruptCheckpointFailsOnEveryRankAndChangesNothing) {
         Trainer other(pg, amp::ZeroStage::kTwo, 5);
         other.train(0, 1);
         const auto before = other.masters();
-        const std::string message = ddp_test::error_of([&] { amp::load_checkpoint(bad, other.amp_->model, other.optimizer()); });
-        TORCH_CHECK(message.find(bad) != std::string::npos, "rank ", rank, ": the error does not name the file: ", message);
+        const std::string message =
+            ddp_test::error_of([&] { amp::load_checkpoint(bad, other.amp_->model, other.optimizer()); });
+        TORCH_CHECK(message.find(bad) != std::string::npos, "rank ", rank,
+                    ": the error does not name the file: ", message);
         TORCH_CHECK(bit_identical(other.masters(), before), "rank ", rank, ": a refused load changed the masters");
         // A checkpoint of another model shape fails the same way on every rank.
         const std::string missing = ddp_test::error_of(
@@ -715,7 +725,8 @@ TEST(ZeroCheckpointTest, ADamagedOrIncompleteShardedCheckpointFailsOnEveryRankAn
           std::ofstream(shard1, std::ios::binary) << flipped;
         }
         pg.barrier();
-        std::string message = ddp_test::error_of([&] { amp::load_checkpoint(path, other.amp_->model, other.optimizer()); });
+        std::string message =
+            ddp_test::error_of([&] { amp::load_checkpoint(path, other.amp_->model, other.optimizer()); });
         TORCH_CHECK(ddp_test::contains_all(message, {shard1}), "rank ", rank, ": ", message);
         TORCH_CHECK(bit_identical(other.masters(), before), "rank ", rank, ": a refused load changed the masters");
         pg.barrier();

@@ -202,6 +202,7 @@ TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
        {},
        {"DdpSpawn"}},
       {"--opt-level O9", {{"--opt-level", "O9"}}, {"--opt-level", "O9"}, {}, {"DataParallelAmp", "AmpDdp"}},
+      {"--zero 3", {{"--zero", "3"}}, {"--zero", "3"}, {}, {"AmpDdp"}},
   };
   if (!torch::cuda::is_available()) {
     // data_parallel --device cuda used to train on CPU replicas, exit 0 and overwrite --save.

@@ -61,10 +61,21 @@ std::vector<ResumingExample> resuming_examples() {
   examples.push_back(
       {"AmpDdpO2FourRanks", with(LTA_EXAMPLE_AMP_DDP, "4"), {"--opt-level", "O2"}, 4, true, true, true, "256"});
   // ZeRO: every rank takes part in each save (rank 0 writes the consolidated file) and takes its shard on --resume.
-  examples.push_back({"AmpDdpO2ZeroStage2TwoRanks", with(LTA_EXAMPLE_AMP_DDP, "2"), {"--opt-level", "O2", "--zero", "2"},
-                      4, true, true, true});
-  examples.push_back({"AmpDdpO2ZeroStage1FourRanks", with(LTA_EXAMPLE_AMP_DDP, "4"),
-                      {"--opt-level", "O2", "--zero", "1"}, 4, true, true, true, "256"});
+  examples.push_back({"AmpDdpO2ZeroStage2TwoRanks",
+                      with(LTA_EXAMPLE_AMP_DDP, "2"),
+                      {"--opt-level", "O2", "--zero", "2"},
+                      4,
+                      true,
+                      true,
+                      true});
+  examples.push_back({"AmpDdpO2ZeroStage1FourRanks",
+                      with(LTA_EXAMPLE_AMP_DDP, "4"),
+                      {"--opt-level", "O2", "--zero", "1"},
+                      4,
+                      true,
+                      true,
+                      true,
+                      "256"});
 #endif
   return examples;
 }
