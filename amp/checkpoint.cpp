@@ -52,6 +52,7 @@ namespace amp::detail {
 namespace {
 
 constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kShardedIndexVersion = 3;  // Note [sharded checkpoint]: the index of a sharded ZeRO checkpoint
 constexpr const char* kFormatKey = "format_version";
 constexpr const char* kTypePart = "optimizer_type";
 constexpr const char* kParts[] = {"model", "optimizer", "amp"};
@@ -201,6 +202,11 @@ void read_parts(const std::string& path, const c10::Device& device, Parts& parts
     }
     return;
   }
+  if (version.numel() == 1 && version.scalar_type() == at::kLong && version.item<int64_t>() == kShardedIndexVersion) {
+    fail(path,
+         "is the index of a sharded ZeRO checkpoint (amp::save_checkpoint_sharded), larger than an index "
+         "should be (its extras?): it loads only through amp::load_checkpoint in a run attached with a ZeroStage");
+  }
   if (version.numel() != 1 || version.scalar_type() != at::kLong || version.item<int64_t>() != kFormatVersion) {
     fail(path, "has format version " +
                    (version.numel() == 1 ? std::to_string(version.item<int64_t>()) : "<malformed>") +
@@ -241,11 +247,18 @@ void apply_loaded(State& state, std::vector<std::pair<at::Tensor, at::Tensor>>& 
 // extras. Every file is written atomically and the index last, so PATH always names a complete set: a writer stopped
 // before the index leaves the previous index and its files whole. Rank 0 then removes the files of the set it
 // replaced. A load at any world size reads every shard file and takes what overlaps its own pieces.
-constexpr int64_t kShardedIndexVersion = 3;
 constexpr int64_t kShardFormatVersion = 1;
 constexpr const char* kShardFormatKey = "zero_shard_format_version";
 
+/// An index holds amp's state, the model's buffers and the extras: far less than this. Larger files are not probed
+/// (probing parses the whole archive, which a consolidated checkpoint would then pay twice).
+constexpr off_t kLargestShardedIndexBytes = off_t{64} << 20;
+
 bool is_sharded_index(const std::string& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) || info.st_size > kLargestShardedIndexBytes) {
+    return false;  // read_parts reports what is wrong with it
+  }
   torch::serialize::InputArchive all;
   try {
     all.load_from(path, c10::Device(c10::kCPU));
