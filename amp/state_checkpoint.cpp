@@ -107,23 +107,18 @@ std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::
                 " but the model's is ", dest.sizes());
     return value;
   };
+  std::vector<at::Tensor> slot_values(slots_.size());  // ZeRO: each slot's value, for this rank's shard
   for (const auto& p : module_->named_parameters(true)) {
     at::Tensor value = read(p.key(), p.value(), false);
     assignments.emplace_back(p.value(), value);
     auto it = slot_of.find(p.value().unsafeGetTensorImpl());
-    if (it != slot_of.end() && it->second->has_master) assignments.emplace_back(it->second->master, value);
+    if (it == slot_of.end()) continue;
+    if (it->second->has_master) assignments.emplace_back(it->second->master, value);
+    slot_values[static_cast<size_t>(it->second - slots_.data())] = value.to(at::kFloat);
   }
   for (const auto& b : module_->named_buffers(true))
     assignments.emplace_back(b.value(), read(b.key(), b.value(), true));
-  if (zero_ != nullptr) {  // this rank's shard of the masters, from the same values
-    std::vector<at::Tensor> values(slots_.size());
-    for (const auto& [dest, value] : assignments) {
-      for (size_t i = 0; i < slots_.size(); ++i) {
-        if (slots_[i].model.is_same(dest)) values[i] = value.to(at::kFloat);
-      }
-    }
-    zero_->master_copies(values, assignments);
-  }
+  if (zero_ != nullptr) zero_->master_copies(slot_values, assignments);  // this rank's shard, from the same values
   return assignments;
 }
 

@@ -610,6 +610,24 @@ TEST(ZeroCheckpointTest, AConsolidatedCheckpointLoadsAtOtherWorldSizesAndIntoPla
   }
 }
 
+/// The whole file at `path`.
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// The names of the files in `dir` that contain `fragment`.
+std::vector<std::string> files_containing(const std::string& dir, const std::string& fragment) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).find(fragment) != std::string::npos) names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
 TEST(ZeroCheckpointTest, ACorruptCheckpointFailsOnEveryRankAndChangesNothing) {
   LTA_REQUIRE_GLOO();
   ddp_test::ScratchDir dir;
@@ -621,8 +639,7 @@ TEST(ZeroCheckpointTest, ACorruptCheckpointFailsOnEveryRankAndChangesNothing) {
         amp::save_checkpoint(path, t.amp_->model, t.optimizer());
         pg.barrier();
         if (rank == 0) {  // one flipped bit in the middle of the file
-          std::ifstream in(path, std::ios::binary);
-          std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          std::string bytes = file_bytes(path);
           bytes[bytes.size() / 2] ^= 0x10;
           std::ofstream(bad, std::ios::binary) << bytes;
         }
@@ -668,12 +685,7 @@ TEST(ZeroCheckpointTest, ShardedCheckpointsResumeAtAnyWorldSizeAndReplaceTheirSe
       },
       4);
   // Only the second set's 4 files remain beside the index.
-  int shard_files = 0;
-  if (DIR* d = ::opendir(dir.path().c_str())) {
-    while (dirent* e = ::readdir(d)) shard_files += std::string(e->d_name).find(".zero-") != std::string::npos;
-    ::closedir(d);
-  }
-  EXPECT_EQ(shard_files, 4);
+  EXPECT_EQ(files_containing(dir.path(), ".zero-").size(), 4u);
   // Re-sharded at 2 and 1 ranks: the same state as the consolidated file gives.
   for (const int world : {2, 1}) {
     ddp_test::run_ranks(
@@ -701,20 +713,11 @@ TEST(ZeroCheckpointTest, ADamagedOrIncompleteShardedCheckpointFailsOnEveryRankAn
         t.train(0, 2);
         amp::save_checkpoint_sharded(path, t.amp_->model, t.optimizer());
         pg.barrier();
-        std::string shard1;
-        if (DIR* d = ::opendir(dir.path().c_str())) {
-          while (dirent* e = ::readdir(d)) {
-            const std::string name = e->d_name;
-            if (name.find("-1-of-2") != std::string::npos) shard1 = dir.file(name);
-          }
-          ::closedir(d);
-        }
-        TORCH_CHECK(!shard1.empty(), "rank ", rank, ": no shard file of rank 1");
-        std::string bytes;
-        {
-          std::ifstream in(shard1, std::ios::binary);
-          bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        }
+        const std::vector<std::string> rank1_files = files_containing(dir.path(), "-1-of-2");
+        TORCH_CHECK(rank1_files.size() == 1, "rank ", rank, ": expected one shard file of rank 1, found ",
+                    rank1_files.size());
+        const std::string shard1 = dir.file(rank1_files[0]);
+        const std::string bytes = file_bytes(shard1);
         pg.barrier();
         Trainer other(pg, amp::ZeroStage::kOne, 4);
         other.train(0, 1);
