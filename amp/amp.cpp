@@ -5,10 +5,15 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <amp/fp8_state.h>
 #include <amp/zero_shard.h>
 #include <kernels/l2_norm.h>
 
 namespace amp {
+
+std::vector<std::string> Optimizer::fp8_report() const {
+  return state_->fp8() != nullptr ? state_->fp8()->report() : std::vector<std::string>();
+}
 
 ScaledLoss::ScaledLoss(Optimizer& optimizer, const at::Tensor& loss, int64_t loss_id, bool delay_unscale)
     : state_(optimizer.state_ptr()),

@@ -19,11 +19,13 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <amp/float8_linear.h>
 #include <amp/options.h>
 #include <amp/state.h>
 #include <ddp/distributed_data_parallel.h>
@@ -107,6 +109,9 @@ class Optimizer {
   void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone) { state_->attach(ddp, stage); }
   /// Bytes this rank holds for fp32 masters, the optimizer's gradients and its state (ZeRO shards all three).
   HeldBytes held_bytes() const { return state_->held_bytes(); }
+  /// Options::fp8: what initialize logged about the model's layers (which run in FP8, which not and why); empty
+  /// without FP8.
+  std::vector<std::string> fp8_report() const;
   torch::optim::Optimizer& inner() { return state_->optimizer(); }
   /// The loss scaler of `loss_id` (scale, diagnostics, device tensors).
   LossScaler& scaler(int64_t loss_id = 0) { return state_->scaler(loss_id); }

@@ -1,15 +1,14 @@
 #include <amp/fused_dense.h>
 
-#include <cmath>
 #include <functional>
 #include <tuple>
 #include <vector>
 
 #include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
-#include <torch/nn/init.h>
 #include <torch/utils.h>
 
+#include <amp/dense_util.h>
 #include <kernels/path_autotune.h>
 
 namespace amp {
@@ -28,6 +27,12 @@ const char* dense_path_name(DensePath path) {
 
 namespace {
 
+using detail::autocast_input;
+using detail::bias_argument;
+using detail::check_dtypes;
+using detail::check_features;
+using detail::output_sizes;
+using detail::present;
 using kernels::Epilogue;
 using kernels::gemm_epilogue;
 using kernels::GemmPath;
@@ -66,29 +71,6 @@ struct PathTally {
 // Under autocast (amp O1) a Linear runs in the autocast dtype: cast input and parameters the way autocast would
 // (cached_cast reuses one cast of an fp32 leaf weight per autocast region), since a custom autograd function is
 // not itself autocast-dispatched.
-at::Tensor autocast_input(const at::Tensor& t, c10::DeviceType device_type) {
-  if (!t.defined() || !at::autocast::is_autocast_enabled(device_type)) return t;
-  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(device_type), t, device_type);
-}
-
-void check_dtypes(const char* layer, const at::Tensor& input, const at::Tensor& weight, const char* weight_name) {
-  TORCH_CHECK(input.scalar_type() == weight.scalar_type(), layer, ": input ", input.sizes(), " is ",
-              input.scalar_type(), " but ", weight_name, " ", weight.sizes(), " is ", weight.scalar_type(),
-              ": cast one of them, or let amp do it (O1 autocasts, O2/O3 cast the inputs)");
-}
-
-void check_features(const char* layer, const at::Tensor& input, int64_t in_features) {
-  TORCH_CHECK(input.defined(), layer, ": input is an undefined tensor");
-  TORCH_CHECK(input.dim() >= 1 && input.size(-1) == in_features, layer,
-              ": input's last dimension must be in_features=", in_features, ", got input sizes ", input.sizes());
-}
-
-std::vector<int64_t> output_sizes(const at::Tensor& input, int64_t out_features) {
-  std::vector<int64_t> sizes(input.sizes().begin(), input.sizes().end() - 1);
-  sizes.push_back(out_features);
-  return sizes;
-}
-
 bool allow_cublaslt(DensePath policy, const c10::Device& device, const kernels::PathKey& key,
                     const std::function<void(GemmPath)>& run) {
   switch (policy) {
@@ -104,10 +86,6 @@ bool allow_cublaslt(DensePath policy, const c10::Device& device, const kernels::
 }
 
 // Custom autograd functions cannot take undefined tensors as inputs: a missing bias travels as an empty tensor.
-at::Tensor bias_argument(const at::Tensor& bias, const at::Tensor& like) {
-  return bias.defined() ? bias : at::empty({0}, like.options());
-}
-at::Tensor present(const at::Tensor& bias_or_empty) { return bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor(); }
 
 // y = x W^T + b. Saved for backward: x and W.
 struct DenseFunction : public torch::autograd::Function<DenseFunction> {
@@ -228,24 +206,12 @@ FusedDenseImpl::FusedDenseImpl(const FusedDenseOptions& options_) : options(opti
 
 void FusedDenseImpl::reset() {
   // The same registrations and draws as torch::nn::LinearImpl::reset, so the two are interchangeable.
-  weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
-  if (options.bias()) {
-    bias = register_parameter("bias", torch::empty(options.out_features()));
-  } else {
-    bias = register_parameter("bias", {}, /*requires_grad=*/false);
-  }
+  detail::register_linear_parameters(*this, options.in_features(), options.out_features(), options.bias(), weight,
+                                     bias);
   paths_ = new_paths_record();
-  reset_parameters();
 }
 
-void FusedDenseImpl::reset_parameters() {
-  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5));
-  if (bias.defined()) {
-    const auto fans = torch::nn::init::_calculate_fan_in_and_fan_out(weight);
-    const double bound = 1.0 / std::sqrt(static_cast<double>(std::get<0>(fans)));
-    torch::nn::init::uniform_(bias, -bound, bound);
-  }
-}
+void FusedDenseImpl::reset_parameters() { detail::reset_linear_parameters(weight, bias); }
 
 void FusedDenseImpl::pretty_print(std::ostream& stream) const {
   stream << "amp::FusedDense(in_features=" << options.in_features() << ", out_features=" << options.out_features()

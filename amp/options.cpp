@@ -116,6 +116,12 @@ Options::Resolved Options::resolve() const {
   TORCH_CHECK(max_overflows_at_floor_ >= 0, "max_overflows_at_floor must be >= 0, got ", max_overflows_at_floor_);
   r.num_losses = num_losses_;
   r.max_overflows_at_floor = max_overflows_at_floor_;
+  if (fp8_) {
+    fp8_->check();
+    TORCH_CHECK(opt_level_ == OptLevel::O1 || opt_level_ == OptLevel::O2, "fp8() needs opt level O1 or O2, got ",
+                opt_level_name(opt_level_), ": FP8 GEMMs sit on top of a bf16/fp16 model with fp32 master weights");
+    r.fp8 = fp8_;
+  }
   return r;
 }
 
@@ -135,6 +141,7 @@ std::string Options::to_string() const {
     out << " loss_scale=" << r.static_loss_scale;
   }
   out << " num_losses=" << r.num_losses;
+  if (r.fp8) out << " fp8=" << r.fp8->to_string();  // absent without FP8: older checkpoints still compare equal
   return out.str();
 }
 

@@ -6,6 +6,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <amp/fp8_recipe.h>
+
 namespace amp {
 
 /// Apex's optimization levels (see docs/opt_levels.md and ../shared/REFERENCE.md §2):
@@ -106,6 +108,15 @@ class Options {
     return *this;
   }
 
+  /// FP8 training on top of O1 or O2 (docs/fp8.md): every amp::Float8Linear whose dimensions the FP8 GEMMs take
+  /// runs its GEMMs in FP8 with `recipe`; amp keeps the scaling state of all of them, updates it once per step on
+  /// the device, reduces the amaxes across ranks under DDP, skips the step on a non-finite amax, and saves it in
+  /// amp checkpoints. Layers left out are logged with the reason.
+  Options& fp8(const Fp8Recipe& recipe) {
+    fp8_ = recipe;
+    return *this;
+  }
+
   OptLevel opt_level() const { return opt_level_; }
   c10::ScalarType half_dtype() const { return half_dtype_; }
 
@@ -136,6 +147,7 @@ class Options {
   std::optional<double> max_loss_scale_;
   int64_t num_losses_ = 1;
   int64_t max_overflows_at_floor_ = 100;
+  std::optional<Fp8Recipe> fp8_;
 };
 
 /// Defaults of the dynamic loss scaler: torch.amp's init/growth/backoff/interval, hysteresis 1, and a floor
@@ -166,6 +178,7 @@ struct Options::Resolved {
   double min_loss_scale, max_loss_scale;
   int64_t num_losses;
   int64_t max_overflows_at_floor;
+  std::optional<Fp8Recipe> fp8;  // FP8 Float8Linear layers with this recipe
 };
 
 }  // namespace amp

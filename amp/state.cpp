@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <amp/fp8_state.h>
 #include <amp/fused_optimizer.h>
 #include <amp/model_cast.h>
 #include <amp/zero_shard.h>
@@ -97,6 +98,10 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
   overflows_since_log_.assign(policy_.num_losses, 0);
   step_found_inf_ = at::zeros({1}, at::TensorOptions().device(device_));
   outcome_ = std::make_unique<StepOutcome>(device_);
+  if (policy_.fp8) {  // after the cast: the layers' FP8 state lives beside their (cast) weights
+    fp8_ = std::make_unique<Fp8State>(module, *policy_.fp8, device_);
+    for (const auto& line : fp8_->report()) logger_(line);
+  }
 }
 
 HeldBytes State::held_bytes() const {

@@ -31,6 +31,7 @@ class FusedOptimizer;
 namespace detail {
 
 class ZeroShard;
+class Fp8State;
 
 /// Steps between two overflow log lines (the first overflow is always logged): a line per step would drown
 /// a log whenever the scale is settling.
@@ -71,6 +72,8 @@ class State : public std::enable_shared_from_this<State> {
   void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone);
   /// The ZeRO shard (docs/zero.md) when attach() was given a stage, else null.
   ZeroShard* zero() const { return zero_.get(); }
+  /// The FP8 state (docs/fp8.md) when the options ask for FP8, else null.
+  Fp8State* fp8() const { return fp8_.get(); }
   /// What the optimizer side holds on this rank (see HeldBytes).
   HeldBytes held_bytes() const;
   /// Unscales and checks one reduced bucket into the optimizer's gradients; false when no loss that unscales is
@@ -135,6 +138,7 @@ class State : public std::enable_shared_from_this<State> {
   std::vector<int64_t> overflows_since_log_;
   std::function<void(const std::string&)> logger_;
   std::unique_ptr<ZeroShard> zero_;  // attach() with a ZeRO stage
+  std::unique_ptr<Fp8State> fp8_;    // Options::fp8
 };
 
 }  // namespace detail

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <amp/fp8_state.h>
 #include <amp/zero_shard.h>
 #include <ddp/bucket_copy.h>
 #include <ddp/distributed_data_parallel.h>
@@ -23,6 +24,7 @@ void State::attach(ddp::DistributedDataParallel& ddp, ZeroStage stage) {
               "amp: attach() after attach() with a ZeroStage: the optimizer is sharded along that "
               "DistributedDataParallel's buckets; attach once");
   if (stage != ZeroStage::kNone) zero_ = std::make_unique<ZeroShard>(*this, ddp, stage);
+  if (fp8_ != nullptr) fp8_->set_process_group(&ddp.process_group());
   slot_of_.clear();
   bucket_scale_ = at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
   for (size_t i = 0; i < slots_.size(); ++i) slot_of_[slots_[i].model.unsafeGetTensorImpl()] = static_cast<int64_t>(i);

@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
+#include <amp/fp8_state.h>
 #include <amp/zero_shard.h>
 
 namespace amp::detail {
@@ -23,6 +24,7 @@ void State::save(torch::serialize::OutputArchive& archive) const {
     archive.write("loss_scaler" + std::to_string(id), sub);
   }
   const std::string text = options_.to_string();
+  if (fp8_ != nullptr) fp8_->save(archive);
   archive.write(
       "options_text",
       at::tensor(c10::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()), at::kByte));
@@ -54,6 +56,7 @@ void State::validate_amp_state(torch::serialize::InputArchive& archive) {
     TORCH_CHECK(archive.try_read("loss_scaler" + std::to_string(id), sub), "amp checkpoint has no loss_scaler", id);
     LossScaler(scalers_[id]->config(), device_).load(sub);
   }
+  if (fp8_ != nullptr) fp8_->validate(archive);
 }
 
 void State::load(torch::serialize::InputArchive& archive) {
@@ -63,6 +66,7 @@ void State::load(torch::serialize::InputArchive& archive) {
     archive.try_read("loss_scaler" + std::to_string(id), sub);
     scalers_[id]->load(sub);
   }
+  if (fp8_ != nullptr) fp8_->load(archive);
   // What this state derived from the old scaler state: the current step's overflow flag and the overflow log's
   // step bookkeeping (step numbers restart from the loaded ones).
   step_found_inf_.zero_();

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <amp/fp8_state.h>
 #include <amp/zero_shard.h>
 #include <kernels/scaled_copy.h>
 #include <kernels/unscale.h>
@@ -65,7 +66,9 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
         "backward passes under no_sync, or give them their own scope with delay_unscale=true.");
   }
   if (zero_ != nullptr) {  // the sharded sibling: this rank's pieces, then one collective for the flag
-    zero_->end_loss(s);
+    // With FP8 the flag rides in the amax reduction (one collective, MAX) instead of its own.
+    zero_->end_loss(s, /*reduce_flag=*/fp8_ == nullptr);
+    if (fp8_ != nullptr) fp8_->reduce_and_check(s.found_inf(), /*reduce_flag=*/true);
     s.update();
     step_found_inf_.add_(s.found_inf());
     grads_scaled_ = false;
@@ -121,6 +124,9 @@ void State::end_loss(int64_t loss_id, bool delay_unscale) {
     grad = grad.defined() ? grad.add_(stash_[i]) : stash_[i];
     stash_[i] = at::Tensor();
   }
+  // A non-finite FP8 amax (an overflowing output gradient the saturating cast clipped, or an inf input) counts as
+  // this loss's overflow: the scaler backs off and the step is skipped, on every rank alike.
+  if (fp8_ != nullptr) fp8_->reduce_and_check(s.found_inf());
   s.update();
   step_found_inf_.add_(s.found_inf());
   grads_scaled_ = false;

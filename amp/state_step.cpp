@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <amp/fp8_state.h>
 #include <amp/fused_optimizer.h>
 #include <amp/zero_shard.h>
 #include <kernels/capture.h>
@@ -40,6 +41,8 @@ at::Tensor State::step(const torch::optim::Optimizer::LossClosure& closure) {
               device_,
               ": it reads the overflow flag on the host. Use amp::FusedAdam, FusedAdamW or FusedSGD, or step "
               "outside the capture");
+  // The amaxes were reduced and checked at the end of the step's unscaling scope; a step without one does it here.
+  if (fp8_ != nullptr && !fp8_->reduced()) fp8_->reduce_and_check(step_found_inf_);
   if (fused_ != nullptr) {
     std::vector<at::Tensor> models;
     if (policy_.master_weights) {
@@ -53,7 +56,7 @@ at::Tensor State::step(const torch::optim::Optimizer::LossClosure& closure) {
     outcome_->record(steps_, step_found_inf_, capturing);
   } else {
     // A plain torch::optim optimizer cannot skip on device: this read is the one host sync per step.
-    const bool overflow = unscaled_this_step_ && step_found_inf_.item<float>() != 0.0f;
+    const bool overflow = (unscaled_this_step_ || fp8_ != nullptr) && step_found_inf_.item<float>() != 0.0f;
     if (!overflow) optimizer_->step();
     outcome_->record(steps_, overflow);
     if (policy_.master_weights) {
@@ -70,6 +73,7 @@ at::Tensor State::step(const torch::optim::Optimizer::LossClosure& closure) {
       }
     }
   }
+  if (fp8_ != nullptr) fp8_->update(step_found_inf_);  // histories and scales for the next step
   step_found_inf_.zero_();
   unscaled_this_step_ = false;
   ++steps_;

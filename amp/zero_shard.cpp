@@ -225,7 +225,7 @@ bool ZeroShard::consume_bucket(const ddp::ReducedBucket& bucket, LossScaler& sca
   return true;
 }
 
-void ZeroShard::end_loss(LossScaler& scaler) {
+void ZeroShard::end_loss(LossScaler& scaler, bool reduce_flag) {
   // Stage 1, buckets DDP wrote back itself (backward outside an attached scope, or delay_unscale): this rank's
   // pieces of the averaged gradients.
   std::vector<size_t> pieces;
@@ -241,6 +241,8 @@ void ZeroShard::end_loss(LossScaler& scaler) {
   accumulate(pieces, src, scaler.inv_scale(), scaler);
   for (ParamSlot& slot : state_.slots_) slot.model.mutable_grad() = at::Tensor();
   // Each rank checked only its shard: one allreduce makes the flag (and so the scale update and the skip) agree.
+  // reduce_flag false: the caller folds it into a collective of its own (the FP8 amax reduction).
+  if (!reduce_flag) return;
   at::Tensor flag = scaler.found_inf();
   pg_.allreduce_sum_(flag, "ZeRO overflow flag allreduce");
 }

@@ -54,8 +54,8 @@ class ZeroShard {
   bool consume_bucket(const ddp::ReducedBucket& bucket, LossScaler& scaler, at::Tensor& bucket_scale);
   /// The scope's end (delay_unscale=false): unscales the gradients DDP wrote back (buckets not consumed, stage 1),
   /// frees every model gradient, and makes the loss's overflow flag the same on every rank (one 1-element
-  /// allreduce). Collective.
-  void end_loss(LossScaler& scaler);
+  /// allreduce; reduce_flag false: the caller reduces it in a collective of its own). Collective.
+  void end_loss(LossScaler& scaler, bool reduce_flag = true);
   /// The optimizer's step on the shard (skipped on the device when found_inf is set), then the all-gather of every
   /// rank's updated slices into the model parameters. Collective.
   void step(FusedOptimizer& fused, const at::Tensor& found_inf);

@@ -70,6 +70,7 @@ struct Config {
   std::string kind;  // "fp32", "tf32", "amp", "loop", "torch.amp" (the Python peer)
   c10::ScalarType dtype = at::kFloat;
   amp::OptLevel level = amp::OptLevel::O0;
+  bool fp8 = false;  // kind "amp": amp::Options::fp8 (the models' Float8Linear layers run their GEMMs in FP8)
 };
 
 std::string dtype_name(c10::ScalarType dtype) {
@@ -114,7 +115,7 @@ Trainer plain_trainer(const Task& task) {
 
 /// amp: initialize, scale_loss, step (see amp/amp.h).
 template <typename Task>
-Trainer amp_trainer(const Task& task, amp::OptLevel level, c10::ScalarType dtype) {
+Trainer amp_trainer(const Task& task, amp::OptLevel level, c10::ScalarType dtype, bool fp8) {
   using Net = typename Task::Net;
   struct State {
     Net net;
@@ -123,7 +124,9 @@ Trainer amp_trainer(const Task& task, amp::OptLevel level, c10::ScalarType dtype
   };
   auto s = std::make_shared<State>(State{task.make_model(), nullptr, std::nullopt});
   s->inner = task.make_optimizer(s->net);
-  s->amp.emplace(amp::initialize(s->net, *s->inner, amp::Options().opt_level(level).half_dtype(dtype)));
+  amp::Options options = amp::Options().opt_level(level).half_dtype(dtype);
+  if (fp8) options.fp8(amp::Fp8Recipe());
+  s->amp.emplace(amp::initialize(s->net, *s->inner, options));
   Trainer t;
   t.module = s->net.ptr().get();
   t.step = [s, &task](const Batch& b) {
@@ -259,7 +262,7 @@ class PeakMemory {
 
 template <typename Task>
 Trainer make_trainer(const Task& task, const Config& config, const torch::Device& device) {
-  if (config.kind == "amp") return amp_trainer(task, config.level, config.dtype);
+  if (config.kind == "amp") return amp_trainer(task, config.level, config.dtype, config.fp8);
   if (config.kind == "loop") return loop_trainer(task, config.dtype, device);
   return plain_trainer(task);
 }
@@ -468,6 +471,10 @@ std::vector<Config> our_configs(const torch::Device& device, const std::vector<c
     for (auto level : {amp::OptLevel::O1, amp::OptLevel::O2, amp::OptLevel::O3}) {
       configs.push_back({fmt::format("{} {}", amp::opt_level_name(level), dtype_name(dtype)), "amp", dtype, level});
     }
+  }
+  // FP8 GEMMs on top of O2 bf16 (docs/fp8.md): the models' Float8Linear layers (those the FP8 GEMM takes).
+  for (auto dtype : dtypes) {
+    if (dtype == at::kBFloat16) configs.push_back({"O2 bf16+FP8", "amp", dtype, amp::OptLevel::O2, true});
   }
   return configs;
 }

@@ -481,6 +481,14 @@ void ProcessGroup::allreduce_sum_(at::Tensor& tensor, const std::string& what) c
   wait(allreduce_sum_async(tensor), what);
 }
 
+void ProcessGroup::allreduce_max_(at::Tensor& tensor, const std::string& what) const {
+  if (size() == 1) return;
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  wait(backend_->allreduce(tensors, options), what);
+}
+
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
   try {
     work->wait();

@@ -90,6 +90,8 @@ class ProcessGroup {
 
   /// Blocking in-place SUM allreduce of a small tensor (flags, norms).
   void allreduce_sum_(at::Tensor& tensor, const std::string& what) const;
+  /// In-place MAX allreduce of a small tensor (FP8 amaxes; a NaN on any rank wins), waited on as wait() does.
+  void allreduce_max_(at::Tensor& tensor, const std::string& what) const;
 
   /// Waits for `work`; a failure (peer gone, timeout) is rethrown as a c10::Error that says which operation
   /// (`what`) failed on which rank and why. Blocks the host for Gloo; for NCCL it only orders the current stream.

@@ -28,6 +28,7 @@ struct AmpFlags {
   std::string optimizer = "sgd";
   int local_rank = 0;  // the legacy launcher's --local_rank
   int zero = 0;        // ZeRO stage
+  std::string fp8 = "off";
 };
 
 constexpr double kAdamWeightDecay = 1e-2;
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
   app.add_option("--zero", amp_flags.zero,
                  "ZeRO stage: 0 (off), 1 (shard fp32 masters and optimizer state), 2 (also reduce-scatter gradients)")
       ->check(CLI::IsMember({0, 1, 2}));
+  app.add_option("--fp8", amp_flags.fp8,
+                 "FP8 GEMMs in the CNN's Float8Linear layers (O1/O2): off, delayed (Transformer Engine's recipe) or "
+                 "current scaling (docs/fp8.md)")
+      ->check(CLI::IsMember({"off", "delayed", "current"}));
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("amp_ddp", [&] {
@@ -75,9 +80,13 @@ int main(int argc, char** argv) {
     examples::SmallCnn net(examples::SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
     net->to(device);
     auto inner = make_optimizer(amp_flags.optimizer, net, flags.lr);
-    const auto options = amp::Options()
-                             .opt_level(amp::parse_opt_level(amp_flags.opt_level))
-                             .half_dtype(half_dtype(amp_flags.dtype, device));
+    auto options = amp::Options()
+                       .opt_level(amp::parse_opt_level(amp_flags.opt_level))
+                       .half_dtype(half_dtype(amp_flags.dtype, device));
+    if (amp_flags.fp8 != "off") {
+      options.fp8(
+          amp::Fp8Recipe().scaling(amp_flags.fp8 == "current" ? amp::Fp8Scaling::kCurrent : amp::Fp8Scaling::kDelayed));
+    }
     auto initialized = amp::initialize(net, *inner, options);
     auto& model = initialized.model;  // (not a structured binding: the step lambda captures them)
     auto& optimizer = initialized.optimizer;
@@ -107,11 +116,12 @@ int main(int argc, char** argv) {
       position = examples::resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
     }
     if (rank.rank == 0) {
-      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}{}{}\n", rank.world_size,
+      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}{}{}{}\n", rank.world_size,
                  group.backend_name(), device.str(), amp_flags.opt_level,
                  c10::toString(half_dtype(amp_flags.dtype, device)), amp_flags.optimizer,
                  ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "",
-                 zero ? fmt::format(" | ZeRO stage {}", amp_flags.zero) : std::string());
+                 zero ? fmt::format(" | ZeRO stage {}", amp_flags.zero) : std::string(),
+                 amp_flags.fp8 != "off" ? fmt::format(" | FP8 {} scaling", amp_flags.fp8) : std::string());
     }
 
     const auto save = [&](const examples::TrainingPosition& at) {

@@ -240,12 +240,12 @@ phase_bench() {
   note "machine" "$(hostname) | GPU: $gpu | torch $torch_version | $jobs cores"
   configure bench -DLIBTORCH_AMP_BENCHMARKS=ON || { finish bench; return 1; }
   build bench bench_amp_vs_fp32 bench_unscale bench_fused_adamw bench_multi_tensor_scale bench_amp_overhead \
-    bench_fused_dense bench_l2_norm bench_allreduce_busbw || { finish bench; return 1; }
+    bench_fused_dense bench_l2_norm bench_allreduce_busbw bench_fp8_linear || { finish bench; return 1; }
   local data_args=(--synthetic)
   [ -n "$data_dir" ] && data_args=(--data "$data_dir")
   if [ "$dry_run" = 0 ]; then
     # On the GPU: the headline first (transformer O2 vs FP32/TF32/torch.amp), then the kernel targets at the issue's
-    # sizes, then the CNN's accuracy row. Budgets sum to 270 s (+ the build) so the phase ends in under 5 minutes.
+    # sizes, then the CNN's accuracy row. Budgets sum to 310 s (+ the build) so the phase ends in under 6 minutes.
     amp_vs_fp32 amp_vs_fp32_transformer 80 --full --models transformer --steps 60 --rounds 3
     run_bench bench_unscale 25 --full --rounds 10
     run_bench bench_fused_adamw 25 --full --rounds 10
@@ -254,6 +254,7 @@ phase_bench() {
     run_bench bench_fused_dense 35 --rounds 5
     run_bench bench_l2_norm 15 --full --rounds 10
     run_bench bench_allreduce_busbw 15 --rounds 5
+    run_bench bench_fp8_linear 40 --full --rounds 5
     amp_vs_fp32 amp_vs_fp32_cnn 35 --full --models cnn "${data_args[@]}"
   else
     # The dry run: the same programs in their CPU quick modes (a check that each runs and prints its table).
@@ -265,6 +266,7 @@ phase_bench() {
     run_bench bench_fused_dense 120 --rounds 2
     run_bench bench_l2_norm 120 --rounds 3
     run_bench bench_allreduce_busbw 120 --rounds 2
+    run_bench bench_fp8_linear 120 --rounds 2
   fi
   note "elapsed" "$(seconds_since "$start") s"
   finish bench

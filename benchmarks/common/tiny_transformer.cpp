@@ -8,11 +8,11 @@ TransformerBlockImpl::TransformerBlockImpl(const TinyTransformerOptions& options
   const int64_t d = options.d_model();
   TORCH_CHECK(d % num_heads == 0, "d_model (", d, ") must be a multiple of num_heads (", num_heads, ")");
   ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-  qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
-  proj = register_module("proj", torch::nn::Linear(d, d));
+  qkv = register_module("qkv", amp::Float8Linear(d, 3 * d));
+  proj = register_module("proj", amp::Float8Linear(d, d));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-  fc1 = register_module("fc1", torch::nn::Linear(d, options.mlp_ratio() * d));
-  fc2 = register_module("fc2", torch::nn::Linear(options.mlp_ratio() * d, d));
+  fc1 = register_module("fc1", amp::Float8Linear(d, options.mlp_ratio() * d));
+  fc2 = register_module("fc2", amp::Float8Linear(options.mlp_ratio() * d, d));
 }
 
 torch::Tensor TransformerBlockImpl::forward(torch::Tensor x) {
@@ -31,7 +31,7 @@ TinyTransformerImpl::TinyTransformerImpl(const TinyTransformerOptions& opts) : o
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < opts.num_layers(); ++i) blocks->push_back(TransformerBlock(opts));
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({opts.d_model()})));
-  head = register_module("head", torch::nn::Linear(opts.d_model(), opts.vocab_size()));
+  head = register_module("head", amp::Float8Linear(opts.d_model(), opts.vocab_size()));
 }
 
 torch::Tensor TinyTransformerImpl::forward(torch::Tensor tokens) {

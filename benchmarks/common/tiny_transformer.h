@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include <amp/float8_linear.h>
+
 namespace bench {
 
 /// Sizes of TinyTransformer (quick-mode defaults; amp_vs_fp32 --full uses larger ones).
@@ -27,7 +29,8 @@ struct TransformerBlockImpl : torch::nn::Module {
 
   int64_t num_heads;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+  /// amp::Float8Linear: exactly torch::nn::Linear until amp::Options::fp8 turns their GEMMs to FP8.
+  amp::Float8Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(TransformerBlock);
 
@@ -41,7 +44,7 @@ struct TinyTransformerImpl : torch::nn::Module {
   torch::nn::Embedding token_embedding{nullptr}, position_embedding{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear head{nullptr};
+  amp::Float8Linear head{nullptr};
 };
 TORCH_MODULE(TinyTransformer);
 

@@ -29,8 +29,8 @@ void SmallCnnImpl::reset() {
   conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(kChannels1, kChannels2, 3).padding(1)));
   bn2 = batch_norm(kChannels2, options.sync_batch_norm());
   register_module("bn2", bn2.ptr());
-  fc1 = register_module("fc1", torch::nn::Linear(kChannels2 * kPooledSide * kPooledSide, kHidden));
-  fc2 = register_module("fc2", torch::nn::Linear(kHidden, kClasses));
+  fc1 = register_module("fc1", amp::Float8Linear(kChannels2 * kPooledSide * kPooledSide, kHidden));
+  fc2 = register_module("fc2", amp::Float8Linear(kHidden, kClasses));
 }
 
 torch::Tensor SmallCnnImpl::forward(torch::Tensor x) {

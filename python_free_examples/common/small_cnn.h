@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <amp/float8_linear.h>
+
 namespace examples {
 
 /// How SmallCnn normalizes.
@@ -27,7 +29,9 @@ struct SmallCnnImpl : torch::nn::Cloneable<SmallCnnImpl> {
   /// them through these members: ddp::convert_sync_batch_norm could not replace a typed member (see its
   /// limitation), so the type is chosen at construction instead.
   torch::nn::AnyModule bn1, bn2;
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  /// amp::Float8Linear: exactly torch::nn::Linear until amp::Options::fp8 turns their GEMMs to FP8 (fc2, 128 -> 10,
+  /// stays out: 10 is not a multiple of 16).
+  amp::Float8Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(SmallCnn);
 
