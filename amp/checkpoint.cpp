@@ -44,6 +44,7 @@
 #include <c10/util/Type.h>
 #include <torch/serialize/archive.h>
 
+#include <amp/archive_error.h>
 #include <amp/atomic_file.h>
 #include <amp/zero_shard.h>
 #include <ddp/hash.h>
@@ -75,10 +76,11 @@ std::string one_line(const std::string& text) {
   return out;
 }
 
-/// The message of an exception without a C++ backtrace (c10::Error::what() carries one).
+/// The message of an exception without a C++ backtrace (c10::Error::what() carries one), and without the zip
+/// reader's paragraph of advice (short_archive_error).
 std::string message_of(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return one_line(error->msg());
-  return one_line(e.what());
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return one_line(short_archive_error(error->msg()));
+  return one_line(short_archive_error(e.what()));
 }
 
 /// Throws a c10::Error carrying no backtrace: "checkpoint 'PATH': WHAT".

@@ -103,6 +103,7 @@ ZeroShard::ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage 
     shards_.push_back(ddp::shard_bucket(numel, world));
     const ddp::BucketShards& s = shards_.back();
     my_pieces_.emplace_back();
+    publish_.push_back(PublishRange{d, send_size[d], s.chunk, pieces_.size(), 0});
     for (int q = 0; q < world; ++q) {
       const int64_t lo = s.begin(q), hi = lo + s.size(q);
       for (size_t k = 0; k < members.size(); ++k) {
@@ -124,6 +125,7 @@ ZeroShard::ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage 
       }
     }
     send_size[d] += s.chunk;
+    publish_.back().pieces_end = pieces_.size();
     chunk_offset_.push_back(chunk_total_);
     chunk_total_ += s.chunk;
   }
@@ -241,10 +243,12 @@ void ZeroShard::end_loss(LossScaler& scaler, bool reduce_flag) {
   accumulate(pieces, src, scaler.inv_scale(), scaler);
   for (ParamSlot& slot : state_.slots_) slot.model.mutable_grad() = at::Tensor();
   // Each rank checked only its shard: one allreduce makes the flag (and so the scale update and the skip) agree.
-  // reduce_flag false: the caller folds it into a collective of its own (the FP8 amax reduction).
+  // MAX, not SUM: the flag is 0 or 1 on every rank, as on plain DDP + amp, however many ranks overflowed (the
+  // scaler adds it to skipped_steps and multiplies floor_overflows by it). reduce_flag false: the caller folds it
+  // into a collective of its own (the FP8 amax reduction, also MAX).
   if (!reduce_flag) return;
   at::Tensor flag = scaler.found_inf();
-  pg_.allreduce_sum_(flag, "ZeRO overflow flag allreduce");
+  pg_.allreduce_max_(flag, "ZeRO overflow flag allreduce");
 }
 
 void ZeroShard::step(FusedOptimizer& fused, const at::Tensor& found_inf) {
@@ -256,23 +260,36 @@ void ZeroShard::step(FusedOptimizer& fused, const at::Tensor& found_inf) {
 }
 
 void ZeroShard::publish() {
+  // Note [pipelined publish]: one all-gather per bucket, all started at once (Gloo runs them on its own threads,
+  // NCCL on its stream), and each bucket's values copied into the model as soon as its gather is done, while the
+  // later buckets are still on the wire. The copies are the same element copies as one gather of everything: the
+  // model ends bit-identical.
   at::NoGradGuard no_grad;
-  for (size_t d = 0; d < send_.size(); ++d) {
-    const int64_t n = send_[d].numel();
-    at::Tensor gathered = at::empty({n * pg_.size()}, send_[d].options());
-    if (pg_.size() == 1) {
-      gathered.copy_(send_[d]);
+  const int64_t world = pg_.size();
+  std::vector<at::Tensor> gathered(publish_.size());
+  std::vector<c10::intrusive_ptr<c10d::Work>> works(publish_.size());
+  for (size_t b = 0; b < publish_.size(); ++b) {
+    const PublishRange& r = publish_[b];
+    at::Tensor mine = send_[r.dtype].narrow(0, r.send_begin, r.chunk);
+    gathered[b] = at::empty({r.chunk * world}, mine.options());
+    if (world == 1) {
+      gathered[b].copy_(mine);
     } else {
-      pg_.allgather_into(gathered, send_[d]);
+      works[b] = pg_.allgather_into_async(gathered[b], mine);
     }
+  }
+  for (size_t b = 0; b < publish_.size(); ++b) {
+    const PublishRange& r = publish_[b];
+    if (works[b]) pg_.wait(works[b], "ZeRO parameter all-gather");
     std::vector<at::Tensor> src, dst;
-    for (const Piece& p : pieces_) {
-      if (p.dtype != d) continue;
-      src.push_back(gathered.narrow(0, p.rank * n + p.send_offset, p.numel));
+    for (size_t i = r.pieces_begin; i < r.pieces_end; ++i) {
+      const Piece& p = pieces_[i];
+      src.push_back(gathered[b].narrow(0, p.rank * r.chunk + p.send_offset - r.send_begin, p.numel));
       dst.push_back(
           state_.slots_[static_cast<size_t>(p.slot)].model.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
     }
     if (!src.empty()) kernels::scaled_copy_(src, dst, 1.0);
+    gathered[b] = at::Tensor();  // the bucket's receive buffer is free before the next one is waited for
   }
 }
 
@@ -302,7 +319,8 @@ at::Tensor ZeroShard::clip_grad_norm_(double max_norm, const at::Tensor& found_i
   pg_.allreduce_sum_(sum_sq, "ZeRO gradient norm allreduce");
   const at::Tensor total = sum_sq.sqrt().to(at::kFloat).reshape({});
   const at::Tensor finite = at::isfinite(total);
-  found_inf.add_(finite.logical_not().to(at::kFloat).reshape({1}));
+  // Raise the flag to 1 (as kernels::clip_grad_norm_ does), never add to it: it stays 0 or 1.
+  found_inf.copy_(at::maximum(found_inf, finite.logical_not().to(at::kFloat).reshape({1})));
   // kernels::clip_coefficient on the device: max_norm / (norm + eps) in fp32 when < 1, else 1; 1 when not finite.
   at::Tensor coef = at::full({}, max_norm_f, total.options()).div(total.add(1e-6f)).clamp_max(1.0f);
   coef = at::where(finite, coef, at::ones_like(coef));

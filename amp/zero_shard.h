@@ -43,7 +43,7 @@ int64_t held_storage_bytes(const std::vector<at::Tensor>& tensors);
 /// order, in one fp32 tensor of masters and one of master gradients; the optimizer holds each piece as a 1-D view
 /// of the masters, so its elementwise update is the unsharded one and its per-parameter state is per piece. The
 /// step writes each piece's rounded value into a send buffer per model dtype (the slice padded to the bucket's
-/// chunk, as on the wire), and one all-gather per dtype brings every rank's slices into every model parameter.
+/// chunk, as on the wire), and one all-gather per bucket brings every rank's slices into every model parameter.
 class ZeroShard {
  public:
   ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage stage);
@@ -96,7 +96,8 @@ class ZeroShard {
   /// Checks that the files covered every element of this rank's pieces; appends the master copies (as
   /// master_copies) and returns the optimizer's archive of this rank's pieces (as shard_optimizer_archive).
   std::string finish_shard_load(const ShardLoad& load, std::vector<std::pair<at::Tensor, at::Tensor>>& copies) const;
-  /// All-gathers every rank's send buffer into the model parameters (the second half of step()). Collective.
+  /// All-gathers every rank's send buffer into the model parameters (the second half of step()), bucket by bucket,
+  /// copying each bucket as soon as it arrives (Note [pipelined publish]). Collective.
   void publish();
   /// Rank 0's `value` on every rank (one broadcast). Collective.
   int64_t broadcast_from_root(int64_t value) const;
@@ -140,9 +141,16 @@ class ZeroShard {
   std::vector<size_t> step_order_;              // this rank's pieces in the optimizer's param-group order
   at::Tensor masters_, grads_;                  // this rank's shard, fp32
   std::vector<at::Tensor> send_;                // per model dtype: this rank's slices, padded to the chunks
-  std::vector<int64_t> chunk_offset_;           // per bucket: where its chunk starts in a rank's all-dtype gather
-  int64_t chunk_total_ = 0;                     // the sum of every bucket's chunk
-  std::vector<int64_t> slot_index_in_group_;    // per slot: its position in its param group without ZeRO
+  struct PublishRange {                         // Note [pipelined publish]: one all-gather per bucket
+    size_t dtype = 0;                           // index into send_
+    int64_t send_begin = 0;                     // the bucket's chunk in send_[dtype]
+    int64_t chunk = 0;
+    size_t pieces_begin = 0, pieces_end = 0;  // its pieces (every rank's) in pieces_
+  };
+  std::vector<PublishRange> publish_;         // per bucket
+  std::vector<int64_t> chunk_offset_;         // per bucket: where its chunk starts in a rank's all-dtype gather
+  int64_t chunk_total_ = 0;                   // the sum of every bucket's chunk
+  std::vector<int64_t> slot_index_in_group_;  // per slot: its position in its param group without ZeRO
 };
 
 }  // namespace detail

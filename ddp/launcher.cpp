@@ -1,6 +1,7 @@
 #include <ddp/launcher.h>
 
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fcntl.h>
@@ -25,9 +26,10 @@ extern char** environ;
 namespace ddp {
 namespace {
 
-constexpr int kExitCannotExec = 127;  // the shell's code for "command not found / not executable"
-constexpr int kSignalExitBase = 128;  // the shell's convention for "ended by signal N"
-constexpr int kExitUsage = 2;         // CLI11's and most tools' code for a bad command line
+constexpr int kExitNotFound = 127;       // the shell's code for "command not found" (POSIX)
+constexpr int kExitNotExecutable = 126;  // the shell's code for "found, but it cannot be executed" (POSIX)
+constexpr int kSignalExitBase = 128;     // the shell's convention for "ended by signal N"
+constexpr int kExitUsage = 2;            // CLI11's and most tools' code for a bad command line
 constexpr int kMaxPort = 65535;
 
 volatile std::sig_atomic_t g_pending_signal = 0;   // to forward, reset by the supervisor
@@ -79,6 +81,40 @@ void validate(const LaunchConfig& c) {
   TORCH_CHECK(!c.collective_timeout || c.collective_timeout->count() > 0,
               "--collective-timeout-s must be a positive number of seconds");
   TORCH_CHECK(!c.command.empty(), "no program given: ddp-launch [options] program [args...]");
+}
+
+/// Why `file` cannot be executed, as the end of "cannot run 'P': ..." with the shell's code; nullopt when it can.
+std::optional<ProgramProblem> why_not_runnable(const std::string& file) {
+  struct stat info {};
+  if (::stat(file.c_str(), &info) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return ProgramProblem{kExitNotFound, "no such file"};
+    return ProgramProblem{kExitNotExecutable, std::strerror(errno)};  // e.g. a folder on the way we may not enter
+  }
+  if (S_ISDIR(info.st_mode)) return ProgramProblem{kExitNotExecutable, "it is a folder, not a program"};
+  if (!S_ISREG(info.st_mode)) return ProgramProblem{kExitNotExecutable, "it is not a regular file"};
+  // The effective ids, as execve checks them (access() alone would use the real ones).
+  if (::faccessat(AT_FDCWD, file.c_str(), X_OK, AT_EACCESS) != 0) {
+    return ProgramProblem{kExitNotExecutable, "it is not executable (no execute permission)"};
+  }
+  return std::nullopt;
+}
+
+/// The folders execvp searches for a bare name: PATH, or the system's default path when PATH is unset.
+std::vector<std::string> search_folders() {
+  std::string path;
+  if (const char* value = std::getenv("PATH")) {
+    path = value;
+  } else {
+    path.resize(::confstr(_CS_PATH, nullptr, 0));
+    if (!path.empty()) path.resize(::confstr(_CS_PATH, path.data(), path.size()) - 1);
+  }
+  std::vector<std::string> folders;
+  for (size_t from = 0;;) {
+    const size_t colon = path.find(':', from);
+    folders.push_back(path.substr(from, colon == std::string::npos ? std::string::npos : colon - from));
+    if (colon == std::string::npos) return folders;
+    from = colon + 1;
+  }
 }
 
 /// NUL-terminated argv/envp arrays, built before fork so that the child only calls exec.
@@ -243,8 +279,37 @@ std::vector<std::string> worker_command(const LaunchConfig& c, int local_rank) {
   return argv;
 }
 
+std::optional<ProgramProblem> check_program(const std::string& program) {
+  const std::string quoted = "cannot run '" + program + "': ";
+  if (program.empty()) return ProgramProblem{kExitNotFound, quoted + "the program name is empty"};
+  if (program.find('/') != std::string::npos) {
+    std::optional<ProgramProblem> problem = why_not_runnable(program);
+    if (problem) problem->message = quoted + problem->message;
+    return problem;
+  }
+  // As execvp: the first executable match wins; a match that is not executable is reported only when none is.
+  std::optional<ProgramProblem> first_unrunnable;
+  for (const std::string& folder : search_folders()) {
+    const std::string file = folder.empty() ? program : folder + "/" + program;  // empty entry: the current folder
+    std::optional<ProgramProblem> problem = why_not_runnable(file);
+    if (!problem) return std::nullopt;
+    if (problem->exit_code != kExitNotFound && !first_unrunnable) {
+      first_unrunnable = ProgramProblem{problem->exit_code, quoted + "PATH has " + file + ", but " + problem->message};
+    }
+  }
+  if (first_unrunnable) return first_unrunnable;
+  std::string message = quoted + "not found in PATH";
+  if (!why_not_runnable(program)) message += " (the current folder has it: run it as ./" + program + ")";
+  return ProgramProblem{kExitNotFound, message};
+}
+
 int run_launch(const LaunchConfig& c, std::ostream& log) {
   validate(c);
+  // Before any worker starts: a program that cannot run is one line, not the same error from every worker.
+  if (const std::optional<ProgramProblem> problem = check_program(c.command.front())) {
+    log << "ddp-launch: " << problem->message << std::endl;
+    return problem->exit_code;
+  }
   const int port = c.master_port != 0 ? c.master_port : detail::find_free_port(c.master_addr);
   SignalForwarding forwarding;
   const pid_t parent = ::getpid();
@@ -261,14 +326,14 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
     if (pid == 0) {
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL takes its workers along
-      if (::getppid() != parent) ::_exit(kExitCannotExec);
+      if (::getppid() != parent) ::_exit(kExitNotFound);
       ::signal(SIGINT, SIG_DFL);
       ::signal(SIGTERM, SIG_DFL);
       ::dup2(stderr_pipe[1], STDERR_FILENO);  // the copy does not inherit O_CLOEXEC; both originals close on exec
       ::execvpe(argv.pointers[0], argv.pointers.data(), envp.pointers.data());
       const std::string message = "ddp-launch: cannot run '" + argv.strings[0] + "': " + std::strerror(errno) + "\n";
       (void)!::write(STDERR_FILENO, message.data(), message.size());
-      ::_exit(kExitCannotExec);
+      ::_exit(kExitNotFound);
     }
     ::close(stderr_pipe[1]);
     group.add(c.node_rank * c.nproc_per_node + local_rank, local_rank, pid, /*message_fd=*/-1, stderr_pipe[0]);

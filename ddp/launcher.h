@@ -52,14 +52,30 @@ std::vector<std::pair<std::string, std::string>> worker_environment(const Launch
 /// The worker's argv: the command, with --local-rank=N inserted after the program when local_rank_arg is set.
 std::vector<std::string> worker_command(const LaunchConfig& config, int local_rank);
 
+/// Why a program cannot be run: the shell's exit code for it and one line naming it.
+struct ProgramProblem {
+  int exit_code = 0;    // 127: not found; 126: found but not runnable (POSIX's codes, as shells return them)
+  std::string message;  // "cannot run '/opt/train': no such file", without the "ddp-launch: " prefix
+};
+
+/// Looks `program` up as execvp will: a name with a '/' is that file; a bare name is the first executable file of
+/// that name in a folder of PATH (an empty entry is the current folder; PATH unset: the system's default path).
+/// Returns nullopt when it is a regular file this process may execute, else what is wrong: "no such file" (127),
+/// "not found in PATH" (127, with a hint when the current folder has it), "it is a folder, not a program",
+/// "it is not executable (no execute permission)", another file type, or why it could not be looked at (126).
+/// Does not run anything; a file that changes afterwards still fails in the worker's exec.
+std::optional<ProgramProblem> check_program(const std::string& program);
+
 /// Starts the node's workers and supervises them until all have exited. Each worker's stderr passes through the
 /// launcher line by line (to this process's stderr), which keeps its last line. SIGINT and SIGTERM received
 /// meanwhile are forwarded to every worker. When a worker fails, the others are stopped and `log` gets a summary:
 /// "ddp-launch: root cause: rank R (local rank L, pid P) exited with code C; its last stderr line: ..." for the
 /// first failure, then one "ddp-launch: consequence: ..." line per other failed or stopped worker. When the
-/// launcher was asked to stop (SIGINT/SIGTERM), the last line says so instead. Returns ddp-launch's exit code:
-/// 0, the root cause's code (128 + signal when killed), 127 when the program cannot be started, or 128 + the
-/// signal the launcher received when it was asked to stop.
+/// launcher was asked to stop (SIGINT/SIGTERM), the last line says so instead. A program that check_program()
+/// refuses starts no worker: `log` gets its one line ("ddp-launch: cannot run './train': no such file"). Returns
+/// ddp-launch's exit code: 0, the root cause's code (128 + signal when killed), check_program's 127 or 126 (or
+/// 127 when exec fails in a worker all the same), or 128 + the signal the launcher received when it was asked to
+/// stop.
 int run_launch(const LaunchConfig& config, std::ostream& log);
 
 }  // namespace ddp

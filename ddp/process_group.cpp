@@ -471,9 +471,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_sum_async(at::Tensor
 }
 
 void ProcessGroup::allgather_into(at::Tensor& output, at::Tensor& input) const {
+  wait(allgather_into_async(output, input), "allgather");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_async(at::Tensor& output, at::Tensor& input) const {
   TORCH_CHECK(output.numel() == input.numel() * size(), "allgather: output has ", output.numel(),
               " elements, expected ", size(), " x ", input.numel());
-  wait(backend_->_allgather_base(output, input), "allgather");
+  return backend_->_allgather_base(output, input);
 }
 
 void ProcessGroup::allreduce_sum_(at::Tensor& tensor, const std::string& what) const {

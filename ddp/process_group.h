@@ -87,6 +87,9 @@ class ProcessGroup {
   /// Blocking all-gather into one flat tensor: `output` (contiguous 1-D, size() * input.numel() elements) receives
   /// rank q's `input` at [q * n, (q + 1) * n). Same dtype on every rank.
   void allgather_into(at::Tensor& output, at::Tensor& input) const;
+  /// Starts the all-gather of allgather_into and returns its work; wait on it with wait(). `output` and `input` must
+  /// stay alive and untouched until then. Host syncs: none.
+  c10::intrusive_ptr<c10d::Work> allgather_into_async(at::Tensor& output, at::Tensor& input) const;
 
   /// Blocking in-place SUM allreduce of a small tensor (flags, norms).
   void allreduce_sum_(at::Tensor& tensor, const std::string& what) const;

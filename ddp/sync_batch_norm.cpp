@@ -1,9 +1,12 @@
 #include <ddp/sync_batch_norm.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -36,7 +39,9 @@
 // and weight / bias get this rank's local sums (DDP averages those over ranks, as for any parameter).
 // On CUDA the same protocol runs on ATen's kernels: batch_norm_stats (one-pass Welford) for m_r and v_r,
 // batch_norm_elemt for y, batch_norm_backward_reduce for the two sums and batch_norm_backward_elemt for dx; the
-// combination across ranks stays ours (the header, the validation, Chan's formula).
+// combination across ranks stays ours (the header, the validation, Chan's formula). batch_norm_backward_elemt
+// takes n as int32 per-rank counts that it sums in int64 (detail::batch_norm_counts): one int32 total would
+// throw once the group holds more than 2^31 - 1 values per channel.
 
 namespace ddp {
 namespace {
@@ -120,12 +125,13 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
                             const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg,
                             const at::Tensor& mean, const at::Tensor& invstd, double total_count,
-                            const ProcessGroup* group) {
+                            const std::vector<int64_t>& rank_counts, const ProcessGroup* group) {
     const at::Tensor weight = weight_arg.value_or(at::Tensor());
     const at::Tensor bias = bias_arg.value_or(at::Tensor());
     const auto acc = mean.scalar_type();
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["total_count"] = total_count;
+    ctx->saved_data["rank_counts"] = rank_counts;
     ctx->saved_data["has_bias"] = bias.defined();
     save_group(ctx, *group);
     if (input.is_cuda()) {
@@ -171,13 +177,16 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
         const ProcessGroup group = load_group(ctx);  // all ranks or none take part (see below)
         at::Tensor combined = at::cat({sum_dy, sum_dy_xmu});
         group.wait(group.allreduce_sum_async(combined), "SyncBatchNorm backward allreduce");
-        const at::Tensor count = at::full({1}, n, input.options().dtype(at::kInt));
+        // Built from host values and copied without a host sync (pinned, non-blocking).
+        const at::Tensor count = detail::batch_norm_counts(ctx->saved_data["rank_counts"].toIntVector())
+                                     .pin_memory()
+                                     .to(input.device(), /*non_blocking=*/true);
         grad_input = input.numel() == 0 ? at::zeros_like(input)
                                         : at::batch_norm_backward_elemt(grad_outputs[0], input, mean, invstd,
                                                                         weight_acc, combined.narrow(0, 0, channels),
                                                                         combined.narrow(0, channels, channels), count);
       }
-      return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+      return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
 
     const auto [sum_dy_fp64, sum_dy_xmu_fp64] = kernels::batch_norm_grad_sums_cpu(grad_outputs[0], input, mean);
@@ -203,7 +212,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       grad_input = kernels::batch_norm_input_grad_cpu(grad_outputs[0], input, mean, mean_dy,
                                                       invstd * invstd * mean_dy_xmu, scale);
     }
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -355,6 +364,7 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   const at::Tensor header = gathered.narrow(1, 0, kHeaderSize).to(at::kCPU, at::kDouble);
   const auto h = header.accessor<double, 2>();
   double total = 0;
+  std::vector<int64_t> rank_counts;
   for (int64_t r = 0; r < header.size(0); ++r) {
     const auto dims = static_cast<int64_t>(h[r][kHeaderDims]);
     const auto channels = static_cast<int64_t>(h[r][kHeaderChannels]);
@@ -365,6 +375,7 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
                 ": rank ", r, "'s input is on ", h[r][kHeaderIsCuda] != 0 ? "CUDA" : "the CPU", ", this rank's on ",
                 input.is_cuda() ? "CUDA" : "the CPU", "; all ranks must use the same kind");
     total += h[r][kHeaderCount];
+    rank_counts.push_back(static_cast<int64_t>(h[r][kHeaderCount]));
   }
   TORCH_CHECK(total > 1, module_name(options), " on rank ", group.rank(),
               ": expected more than 1 value per channel over the group's ", group.size(), " ranks when training, got ",
@@ -387,7 +398,8 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   }
   const at::Tensor invstd = (var + options.eps()).rsqrt();
   const auto optional = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
-  return SyncBatchNormFunction::apply(input, optional(weight), optional(bias), mean, invstd, total, &group);
+  return SyncBatchNormFunction::apply(input, optional(weight), optional(bias), mean, invstd, total, rank_counts,
+                                      &group);
 }
 
 namespace {
@@ -503,6 +515,25 @@ std::shared_ptr<torch::nn::Module> convert_sync_batch_norm(std::shared_ptr<torch
   }
   return root;
 }
+
+namespace detail {
+
+at::Tensor batch_norm_counts(const std::vector<int64_t>& rank_counts) {
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> entries;
+  for (const int64_t count : rank_counts) {
+    TORCH_CHECK(count >= 0, "SyncBatchNorm: a rank's count of values per channel must be >= 0, got ", count);
+    int64_t left = count;
+    do {
+      const int64_t piece = std::min(left, kInt32Max);
+      entries.push_back(static_cast<int32_t>(piece));
+      left -= piece;
+    } while (left > 0);
+  }
+  return at::tensor(entries, at::kInt);
+}
+
+}  // namespace detail
 
 int64_t set_sync_batch_norm_process_group(torch::nn::Module& module, const std::optional<ProcessGroup>& process_group) {
   int64_t n = 0;

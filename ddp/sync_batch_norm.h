@@ -123,4 +123,13 @@ std::shared_ptr<torch::nn::Module> convert_sync_batch_norm(std::shared_ptr<torch
 /// Sets `process_group` on every SyncBatchNorm in `module`'s tree; returns how many there were.
 int64_t set_sync_batch_norm_process_group(torch::nn::Module& module, const std::optional<ProcessGroup>& process_group);
 
+namespace detail {
+
+/// The group's per-rank counts (values per channel on each rank, each >= 0) as ATen's batch_norm_backward_elemt
+/// takes them on CUDA: an int32 CPU tensor whose entries the kernel sums in int64. One entry per rank, as PyTorch's
+/// SyncBatchNorm passes; a count above 2^31 - 1 is split over as many entries as it needs, so no total overflows.
+at::Tensor batch_norm_counts(const std::vector<int64_t>& rank_counts);
+
+}  // namespace detail
+
 }  // namespace ddp

@@ -14,6 +14,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <amp/archive_error.h>
 #include <amp/atomic_file.h>
 #include <fmt/format.h>
 
@@ -422,7 +423,8 @@ std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Modu
     try {
       archive.load_from(path);
     } catch (const c10::Error& e) {
-      throw std::runtime_error(std::string("not a checkpoint (") + e.what_without_backtrace() + ")");
+      throw std::runtime_error("cannot read it as a checkpoint: " +
+                               amp::short_archive_error(e.what_without_backtrace()));
     }
     for (const auto& [key, part] : {std::pair<const char*, torch::serialize::InputArchive*>{"model", &model_archive},
                                     {"optimizer", &optimizer_archive}}) {
@@ -439,12 +441,18 @@ std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Modu
 }
 
 void load_resume_checkpoint(const std::string& path, const std::function<void()>& load) {
+  // amp's errors name the file ("checkpoint 'PATH': ..."): the line names it once, after --resume.
+  const auto resume_error = [&](std::string message) {
+    const std::string named = "checkpoint '" + path + "': ";
+    if (message.rfind(named, 0) == 0) message.erase(0, named.size());
+    return std::invalid_argument(fmt::format("--resume '{}': {}", path, one_line(message)));
+  };
   try {
     load();
   } catch (const c10::Error& e) {
-    throw std::invalid_argument(fmt::format("--resume '{}': {}", path, one_line(e.what_without_backtrace())));
+    throw resume_error(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    throw std::invalid_argument(fmt::format("--resume '{}': {}", path, one_line(e.what())));
+    throw resume_error(e.what());
   }
 }
 

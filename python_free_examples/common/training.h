@@ -170,7 +170,8 @@ void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::
                      const RunState& run);
 /// Loads what save_checkpoint wrote and returns its run state (nullopt for a file written before checkpoints held
 /// one). A file that is not such a checkpoint (random bytes, truncated, another model) throws
-/// std::invalid_argument "--resume 'path': ..." with the reason's first line.
+/// std::invalid_argument "--resume 'path': ..." with the reason's first line (a damaged zip: "cannot read it as a
+/// checkpoint: damaged or truncated zip archive (failed finding central directory)", amp::short_archive_error).
 std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
                                         torch::optim::Optimizer& optimizer);
 
@@ -198,7 +199,7 @@ std::optional<RunState> load_amp_checkpoint(const std::string& path, amp::Model<
 }
 
 /// Runs `load` (which reads the --resume checkpoint `path`) and re-throws its failure as one line naming --resume
-/// and the path: "--resume 'path': <what was wrong>".
+/// and the path once: "--resume 'path': <what was wrong>" (amp's own "checkpoint 'path': " before it is dropped).
 void load_resume_checkpoint(const std::string& path, const std::function<void()>& load);
 
 /// `message` as one printable line: a LibTorch backtrace nested in it ("Exception raised from ... frame #0")

@@ -2,6 +2,7 @@
 // rank, and holds a 1/N share of the replicated optimizer memory. Gloo on CPU, forked ranks.
 #include <dirent.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -71,6 +72,8 @@ struct ZeroRun {
   std::vector<torch::Tensor> masters;  // fp32, slot order
   std::vector<torch::Tensor> model;    // the model's (bf16) parameters
   std::vector<int64_t> skipped;        // per step: 1 when skipped
+  amp::ScalerDiagnostics diagnostics;  // the loss scaler's after the last step
+  std::vector<float> flag_after_clip;  // per step with clipping: the step's overflow flag after clip_grad_norm_
 };
 
 struct ZeroSetup {
@@ -78,7 +81,9 @@ struct ZeroSetup {
   Opt opt = Opt::kAdamW;
   bool clip = false;
   int steps = 20;
-  int inf_step = -1;  // a step whose input on rank 1 holds an inf
+  int inf_step = -1;                   // a step whose input on rank 1 holds an inf
+  std::vector<int> inf_on_every_rank;  // steps whose input holds an inf on every rank
+  amp::Options options = amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16);
 };
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, ZNet& net) {
@@ -104,8 +109,7 @@ ZeroRun train(const ddp::ProcessGroup& pg, int rank, const ZeroSetup& setup) {
   torch::manual_seed(1);
   ZNet net;
   auto optimizer_owner = make_optimizer(setup.opt, net);
-  auto [model, optimizer] =
-      amp::initialize(net, *optimizer_owner, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16));
+  auto [model, optimizer] = amp::initialize(net, *optimizer_owner, setup.options);
   ddp::DistributedDataParallel ddp_net(net, pg,
                                        ddp::DistributedDataParallelOptions()
                                            .first_bucket_mb(1e-4)
@@ -130,16 +134,22 @@ ZeroRun train(const ddp::ProcessGroup& pg, int rank, const ZeroSetup& setup) {
       auto scaled = amp::scale_loss(forward_loss(false), optimizer, 0, /*delay_unscale=*/true);
       scaled.backward();
     }
-    torch::Tensor loss = forward_loss(s == setup.inf_step && rank == 1);
+    const bool everywhere =
+        std::find(setup.inf_on_every_rank.begin(), setup.inf_on_every_rank.end(), s) != setup.inf_on_every_rank.end();
+    torch::Tensor loss = forward_loss(everywhere || (s == setup.inf_step && rank == 1));
     {
       auto scaled = amp::scale_loss(loss, optimizer);
       scaled.backward();
     }
-    if (setup.clip) amp::clip_grad_norm_(optimizer, 0.05);
+    if (setup.clip) {
+      amp::clip_grad_norm_(optimizer, 0.05);
+      run.flag_after_clip.push_back(optimizer.found_inf().item<float>());
+    }
     optimizer.step();
     run.losses.push_back(loss.item<float>());
     run.skipped.push_back(static_cast<int64_t>(optimizer.last_step_now().skipped));
   }
+  run.diagnostics = optimizer.scaler().diagnostics_now();
   if (amp::detail::ZeroShard* zero = optimizer.state().zero()) {
     run.masters = zero->full_masters();
   } else {
@@ -378,6 +388,65 @@ TEST(ZeroTest, AnInfOnOneRankMakesEveryRankSkipTheSameStep) {
           TORCH_CHECK(reference.skipped == run.skipped, "rank ", rank, ": DDP + amp skipped other steps");
           TORCH_CHECK(bit_identical(run.masters, reference.masters), "rank ", rank, ": stage ", stage,
                       " masters differ from DDP + amp after the skipped step");
+        },
+        2);
+  }
+}
+
+TEST(ZeroTest, OverflowsOnEveryRankAtOnceCountOnceAsOnDdpAmp) {
+  LTA_REQUIRE_GLOO();
+  // Every rank overflows on steps 2-7 (six in a row) with a dynamic scale starting at 4 and its floor at 1: 4 -> 2 ->
+  // 1, so five consecutive overflows end at the floor (steps 3-7), under max_overflows_at_floor(6). A flag summed over
+  // the ranks (k = 2) counted 2 skipped steps per step and multiplied floor_overflows by 2 each step (2, 6, 14): the
+  // scaler stopped training at step 5.
+  for (const int stage : {1, 2}) {
+    ddp_test::run_ranks(
+        [stage](int rank, const ddp::ProcessGroup& pg) {
+          ZeroSetup setup;
+          setup.steps = 10;
+          setup.inf_on_every_rank = {2, 3, 4, 5, 6, 7};
+          setup.options.dynamic_loss_scale().init_scale(4).min_loss_scale(1).max_overflows_at_floor(6);
+          const ZeroRun reference = train(pg, rank, setup);
+          setup.stage = static_cast<amp::ZeroStage>(stage);
+          const ZeroRun zero = train(pg, rank, setup);
+          const auto& d = zero.diagnostics;
+          const auto& r = reference.diagnostics;
+          TORCH_CHECK(r.skipped_steps == 6 && r.floor_overflows == 0 && r.scale == 1.0, "rank ", rank,
+                      ": DDP + amp reference: skipped ", r.skipped_steps, ", floor overflows ", r.floor_overflows,
+                      ", scale ", r.scale);
+          TORCH_CHECK(zero.skipped == reference.skipped, "rank ", rank, ", stage ", stage, ": other steps skipped");
+          TORCH_CHECK(d.skipped_steps == r.skipped_steps && d.floor_overflows == r.floor_overflows &&
+                          d.scale == r.scale && d.growth_tracker == r.growth_tracker && d.step == r.step,
+                      "rank ", rank, ", stage ", stage, ": ZeRO's diagnostics (skipped ", d.skipped_steps,
+                      ", floor overflows ", d.floor_overflows, ", scale ", d.scale, ", growth tracker ",
+                      d.growth_tracker, ") differ from DDP + amp's (", r.skipped_steps, ", ", r.floor_overflows, ", ",
+                      r.scale, ", ", r.growth_tracker, ")");
+          TORCH_CHECK(bit_identical(zero.masters, reference.masters), "rank ", rank, ", stage ", stage,
+                      ": masters differ from DDP + amp");
+        },
+        2);
+  }
+}
+
+TEST(ZeroTest, ClippingANonFiniteNormRaisesTheFlagToOneAsOnDdpAmp) {
+  LTA_REQUIRE_GLOO();
+  for (const int stage : {1, 2}) {
+    ddp_test::run_ranks(
+        [stage](int rank, const ddp::ProcessGroup& pg) {
+          ZeroSetup setup;
+          setup.steps = 6;
+          setup.clip = true;
+          setup.inf_on_every_rank = {2, 3};
+          setup.options.dynamic_loss_scale().init_scale(4).min_loss_scale(1);
+          const ZeroRun reference = train(pg, rank, setup);
+          setup.stage = static_cast<amp::ZeroStage>(stage);
+          const ZeroRun zero = train(pg, rank, setup);
+          TORCH_CHECK(zero.skipped == reference.skipped, "rank ", rank, ", stage ", stage, ": other steps skipped");
+          // Unscaling raised the flag to 1 on the overflowing steps; the non-finite norm must leave it at 1.
+          TORCH_CHECK(reference.flag_after_clip == (std::vector<float>{0, 0, 1, 1, 0, 0}), "rank ", rank,
+                      ": DDP + amp's flag after clipping: ", reference.flag_after_clip[2]);
+          TORCH_CHECK(zero.flag_after_clip == reference.flag_after_clip, "rank ", rank, ", stage ", stage,
+                      ": the flag after clipping a non-finite norm is ", zero.flag_after_clip[2], ", not 1");
         },
         2);
   }

@@ -11,9 +11,11 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <c10/core/AutogradState.h>
 #include <c10/util/Exception.h>
 #include <ddp/process_group.h>
 #include <ddp/spawn.h>
@@ -47,6 +49,49 @@ inline void run_ranks(const std::function<void(int, const ddp::ProcessGroup&)>& 
     const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(timeout));
     fn(rank, pg);
   });
+}
+
+/// While alive, backward passes started on this thread run on this thread, CUDA work included. Autograd otherwise
+/// hands a CUDA device's backward work to one engine thread per device, shared by every thread of the process; with
+/// ranks as threads on one GPU, a rank whose backward waits in a collective (SyncBatchNorm's allreduce) holds that
+/// engine thread, so the other ranks' backward, which would issue the collective it waits for, never runs: a
+/// deadlock until the collective times out. The switch is thread-local autograd state (what
+/// torch.autograd.graph.set_multithreading_enabled(False) sets); with it off, the engine queues every node on the
+/// calling thread's ready queue (Engine::ready_queue in torch/csrc/autograd/engine.cpp). CPU work always runs on the
+/// calling thread.
+class BackwardOnThisThread {
+ public:
+  BackwardOnThisThread() : previous_(c10::AutogradState::get_tls_state().get_multithreading_enabled()) {
+    c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+  }
+  ~BackwardOnThisThread() { c10::AutogradState::get_tls_state().set_multithreading_enabled(previous_); }
+  BackwardOnThisThread(const BackwardOnThisThread&) = delete;
+  BackwardOnThisThread& operator=(const BackwardOnThisThread&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// Runs fn(rank) for ranks 0 .. world - 1, each on a thread of this process under BackwardOnThisThread (ranks that
+/// must share a process: CUDA does not survive a fork). Returns each rank's error message, "" for a rank
+/// that returned normally.
+inline std::vector<std::string> run_thread_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      const BackwardOnThisThread backward_here;
+      try {
+        fn(rank);
+      } catch (const c10::Error& e) {
+        errors[static_cast<size_t>(rank)] = e.what_without_backtrace();
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
 }
 
 /// conv -> BatchNorm2d -> ReLU -> conv -> BatchNorm2d -> ReLU -> mean over space -> linear to 3 classes, all in one

@@ -1,5 +1,6 @@
 #include <ddp/launcher.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <ddp/worker_group.h>
@@ -171,6 +173,70 @@ TEST(LaunchArgsTest, WorkerEnvironmentAndCommandFollowTheTorchrunContract) {
   ::setenv("OMP_NUM_THREADS", "4", 1);  // the user's choice is kept
   const auto kept = ddp::worker_environment(c, 0, 4321);
   for (const auto& [key, value] : kept) EXPECT_NE(key, "OMP_NUM_THREADS");
+}
+
+/// Writes a file with permission bits `mode`.
+void make_file(const std::string& path, mode_t mode) {
+  std::ofstream(path) << "#!/bin/sh\nexit 0\n";
+  ::chmod(path.c_str(), mode);
+}
+
+TEST(CheckProgramTest, AFileWithASlashMustExistBeARegularFileAndBeExecutable) {
+  ddp_test::ScratchDir dir;
+  make_file(dir.file("train"), 0755);
+  make_file(dir.file("data"), 0644);
+  EXPECT_FALSE(ddp::check_program(dir.file("train")).has_value());
+  const std::vector<std::tuple<std::string, int, std::string>> cases = {
+      {"/nonexistent/trainer", 127, "cannot run '/nonexistent/trainer': no such file"},
+      {dir.file("train/x"), 127, "cannot run '" + dir.file("train/x") + "': no such file"},
+      {dir.path(), 126, "cannot run '" + dir.path() + "': it is a folder, not a program"},
+      {dir.file("data"), 126, "cannot run '" + dir.file("data") + "': it is not executable (no execute permission)"},
+      {"/dev/null", 126, "cannot run '/dev/null': it is not a regular file"},
+      {"", 127, "cannot run '': the program name is empty"},
+  };
+  for (const auto& [program, code, message] : cases) {
+    const auto problem = ddp::check_program(program);
+    ASSERT_TRUE(problem.has_value()) << program;
+    EXPECT_EQ(problem->exit_code, code) << program;
+    EXPECT_EQ(problem->message, message);
+  }
+}
+
+TEST(CheckProgramTest, ABareNameIsSearchedInPathLikeExecvp) {
+  ddp_test::ScratchDir first, second;
+  make_file(first.file("data"), 0644);  // not executable: execvp goes on to the next folder
+  make_file(second.file("data"), 0755);
+  make_file(first.file("only_data"), 0644);
+  ddp_test::EnvGuard guard({"PATH"});
+  ::setenv("PATH", (first.path() + ":" + second.path()).c_str(), 1);
+  EXPECT_FALSE(ddp::check_program("data").has_value());
+  const auto not_found = ddp::check_program("lta-no-such-trainer");
+  ASSERT_TRUE(not_found.has_value());
+  EXPECT_EQ(not_found->exit_code, 127);
+  EXPECT_EQ(not_found->message, "cannot run 'lta-no-such-trainer': not found in PATH");
+  const auto not_executable = ddp::check_program("only_data");
+  ASSERT_TRUE(not_executable.has_value());
+  EXPECT_EQ(not_executable->exit_code, 126);
+  EXPECT_EQ(not_executable->message, "cannot run 'only_data': PATH has " + first.file("only_data") +
+                                         ", but it is not executable (no execute permission)");
+}
+
+TEST(CheckProgramTest, AProgramInTheCurrentFolderButNotInPathGetsAHint) {
+  ddp_test::ScratchDir dir, empty;
+  make_file(dir.file("train"), 0755);
+  ddp_test::EnvGuard guard({"PATH"});
+  ::setenv("PATH", empty.path().c_str(), 1);
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  ASSERT_EQ(::chdir(dir.path().c_str()), 0);
+  const auto problem = ddp::check_program("train");
+  ::setenv("PATH", (":" + empty.path()).c_str(), 1);  // an empty entry is the current folder, as for execvp
+  const auto found_by_empty_entry = ddp::check_program("train");
+  EXPECT_EQ(::chdir(cwd), 0);
+  EXPECT_FALSE(found_by_empty_entry.has_value()) << found_by_empty_entry->message;
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_EQ(problem->exit_code, 127);
+  EXPECT_EQ(problem->message, "cannot run 'train': not found in PATH (the current folder has it: run it as ./train)");
 }
 
 /// A command started in the background with its output in a file.
@@ -361,11 +427,31 @@ TEST(DdpLaunchTest, TwoNodesWithNodeOneMissingGiveUp) {
       5);
 }
 
-TEST(DdpLaunchTest, AProgramThatCannotStartIsReported) {
-  Process launch(kLaunch + " --nproc-per-node 1 --master-port 0 /nonexistent/program");
-  EXPECT_EQ(exit_code(launch.wait(kLimit)), 127);
-  EXPECT_TRUE(contains_all(launch.output(), {"exited with code 127; its last stderr line: ddp-launch: cannot run "
-                                             "'/nonexistent/program': No such file or directory"}));
+/// ddp-launch's output for a program it cannot run: one line naming the program once, no worker started.
+void expect_cannot_run(const std::string& program, int expected_code, const std::string& expected_line) {
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 " + program + " --epochs 1");
+  EXPECT_EQ(exit_code(launch.wait(kLimit)), expected_code) << launch.output();
+  const std::string out = launch.output();
+  EXPECT_EQ(out, expected_line + "\n");  // before: the same error once per worker, then root cause and consequence
+  EXPECT_EQ(count_of(out, program), 1u) << out;
+  EXPECT_EQ(out.find("root cause"), std::string::npos) << out;
+}
+
+TEST(DdpLaunchTest, AProgramThatDoesNotExistIsOneLineAndExit127BeforeAnyWorkerStarts) {
+  expect_cannot_run("/nonexistent/trainer", 127, "ddp-launch: cannot run '/nonexistent/trainer': no such file");
+}
+
+TEST(DdpLaunchTest, AProgramNotInPathIsOneLineAndExit127) {
+  expect_cannot_run("lta-no-such-trainer", 127, "ddp-launch: cannot run 'lta-no-such-trainer': not found in PATH");
+}
+
+TEST(DdpLaunchTest, AFolderOrAFileWithoutExecutePermissionIsOneLineAndExit126) {
+  ddp_test::ScratchDir dir;
+  expect_cannot_run(dir.path(), 126, "ddp-launch: cannot run '" + dir.path() + "': it is a folder, not a program");
+  const std::string data = dir.file("train.txt");
+  std::ofstream(data) << "not a program\n";
+  ::chmod(data.c_str(), 0644);
+  expect_cannot_run(data, 126, "ddp-launch: cannot run '" + data + "': it is not executable (no execute permission)");
 }
 
 TEST(DdpLaunchTest, WorkersGetTheContractAndTheLocalRankArgument) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,6 +12,10 @@
 #include <ddp/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#ifdef LIBTORCH_AMP_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include "ddp/ddp_test_util.h"
 #include "test_util.h"
@@ -542,14 +547,13 @@ TEST(SyncBatchNormTest, DdpTrainingWithSyncBatchNormEqualsSingleProcessFullBatch
 // BatchNorm2d (fp32) on the concatenated batch on the GPU. With more than one rank this runs the CUDA path of
 // ATen's batch_norm_stats / batch_norm_elemt / batch_norm_backward_reduce / batch_norm_backward_elemt; bf16 input
 // is their mixed-type case (fp32 statistics and parameters); `empty_rank` gives rank 0 the whole batch and the
-// others none.
+// others none. Each rank runs its backward on its own thread (ddp_test::run_thread_ranks, BackwardOnThisThread):
+// on one GPU the ranks would otherwise share autograd's CUDA thread and deadlock in SyncBatchNorm's allreduce.
 // On the CPU (`cuda` false) the same checks run with threads as ranks: that is how they are tested without a GPU.
 void run_cuda_ranks(const std::string& backend, int world, torch::ScalarType dtype = torch::kFloat,
                     bool empty_rank = false, bool cuda = true) {
   const int port = ddp::detail::find_free_port();
   const uint64_t seed = test_util::fresh_seed();
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
   const int64_t full = 4 * world;
   const auto rows = [&](int rank) -> std::pair<int64_t, int64_t> {  // (offset, count) of a rank's slice
     if (empty_rank) return rank == 0 ? std::make_pair(int64_t{0}, full) : std::make_pair(full, int64_t{0});
@@ -558,55 +562,55 @@ void run_cuda_ranks(const std::string& backend, int world, torch::ScalarType dty
   // bf16: the output and input gradient are fp32 results rounded once to bf16 (2^-7 relative).
   const double rtol = dtype == torch::kBFloat16 ? 1.0 / 128 : 1e-4;
   const double atol = dtype == torch::kBFloat16 ? 1e-2 : 1e-5;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        const torch::Device device =
-            cuda ? torch::Device(torch::kCUDA, backend == "nccl" ? rank : 0) : torch::Device(torch::kCPU);
-        ddp::InitOptions init;
-        if (cuda) init.cuda_device(device.index());
-        const ddp::ProcessGroup pg = ddp::init_process_group(init.backend(backend)
-                                                                 .init_method("tcp://127.0.0.1:" + std::to_string(port))
-                                                                 .rank(rank)
-                                                                 .world_size(world)
-                                                                 .timeout(kTestTimeout));
-        // A generator of this thread's own: the ranks are threads, and the global one is shared (drawing from it
-        // while another thread reseeds it gave the ranks different data whenever the threads interleaved).
-        auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-        const auto x_full = (torch::randn({full, kChannels, 5, 5}, generator).to(device) * 2 + 3).to(dtype);
-        const auto g_full = torch::randn({full, kChannels, 5, 5}, generator).to(device).to(dtype);
-        torch::nn::BatchNorm2d ref(kChannels);
-        ref->to(device);
-        auto x_ref = x_full.to(torch::kFloat).clone().requires_grad_();
-        const auto y_ref = ref->forward(x_ref);  // one training forward: the running statistics move once
-        (y_ref * g_full.to(torch::kFloat)).sum().backward();
-        auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels).dimensionality(2).process_group(pg));
-        sync->to(device);
-        const auto [offset, count] = rows(rank);
-        auto x = x_full.narrow(0, offset, count).clone().requires_grad_();
-        const auto y = sync->forward(x);
-        TORCH_CHECK(y.scalar_type() == dtype, "CUDA output dtype ", y.scalar_type());
-        (y * g_full.narrow(0, offset, count)).sum().backward();
-        torch::NoGradGuard no_grad;
-        check_close(y, y_ref.narrow(0, offset, count), rtol, atol, "CUDA output");
-        check_close(x.grad(), x_ref.grad().narrow(0, offset, count), rtol, atol, "CUDA input gradient");
-        check_close(sync->running_mean, ref->running_mean, 1e-5, 1e-6, "CUDA running_mean");
-        check_close(sync->running_var, ref->running_var, 1e-5, 1e-6, "CUDA running_var");
-        // DDP sums the ranks' weight / bias gradients (and divides by the world size): the sum is BatchNorm's.
-        for (auto* p : {&sync->weight, &sync->bias}) {
-          auto g = p->grad().clone();
-          pg.wait(pg.allreduce_sum_async(g), "test gradient sum");
-          const auto& expected = p == &sync->weight ? ref->weight.grad() : ref->bias.grad();
-          check_close(g, expected, 1e-4, 1e-3, "CUDA weight / bias gradient");
-        }
-      } catch (const c10::Error& e) {
-        errors[static_cast<size_t>(rank)] = e.what_without_backtrace();
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(rank)] = e.what();
-      }
+  const auto errors = ddp_test::run_thread_ranks(world, [&](int rank) {
+    const torch::Device device =
+        cuda ? torch::Device(torch::kCUDA, backend == "nccl" ? rank : 0) : torch::Device(torch::kCPU);
+    ddp::InitOptions init;
+    if (cuda) init.cuda_device(device.index());
+    const ddp::ProcessGroup pg = ddp::init_process_group(init.backend(backend)
+                                                             .init_method("tcp://127.0.0.1:" + std::to_string(port))
+                                                             .rank(rank)
+                                                             .world_size(world)
+                                                             .timeout(kTestTimeout));
+    // A generator of this thread's own: the ranks are threads, and the global one is shared (drawing from it while
+    // another thread reseeds it gave the ranks different data whenever the threads interleaved).
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+    const auto x_full = (torch::randn({full, kChannels, 5, 5}, generator).to(device) * 2 + 3).to(dtype);
+    const auto g_full = torch::randn({full, kChannels, 5, 5}, generator).to(device).to(dtype);
+    torch::nn::BatchNorm2d ref(kChannels);
+    ref->to(device);
+    auto x_ref = x_full.to(torch::kFloat).clone().requires_grad_();
+    const auto y_ref = ref->forward(x_ref);  // one training forward: the running statistics move once
+    (y_ref * g_full.to(torch::kFloat)).sum().backward();
+    auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(kChannels).dimensionality(2).process_group(pg));
+    sync->to(device);
+    const auto [offset, count] = rows(rank);
+    auto x = x_full.narrow(0, offset, count).clone().requires_grad_();
+    // x's gradient is accumulated at the end of backward, by whichever thread runs it: it must be this one.
+    std::thread::id backward_thread;
+    x.register_hook([&](const torch::Tensor& grad) {
+      backward_thread = std::this_thread::get_id();
+      return grad;
     });
-  }
-  for (auto& t : threads) t.join();
+    TORCH_CHECK(!c10::AutogradState::get_tls_state().get_multithreading_enabled(),
+                "the rank's thread leaves autograd's device threads on");
+    const auto y = sync->forward(x);
+    TORCH_CHECK(y.scalar_type() == dtype, "CUDA output dtype ", y.scalar_type());
+    (y * g_full.narrow(0, offset, count)).sum().backward();
+    TORCH_CHECK(backward_thread == std::this_thread::get_id(), "the backward ran on another thread than the rank's");
+    torch::NoGradGuard no_grad;
+    check_close(y, y_ref.narrow(0, offset, count), rtol, atol, "CUDA output");
+    check_close(x.grad(), x_ref.grad().narrow(0, offset, count), rtol, atol, "CUDA input gradient");
+    check_close(sync->running_mean, ref->running_mean, 1e-5, 1e-6, "CUDA running_mean");
+    check_close(sync->running_var, ref->running_var, 1e-5, 1e-6, "CUDA running_var");
+    // DDP sums the ranks' weight / bias gradients (and divides by the world size): the sum is BatchNorm's.
+    for (auto* p : {&sync->weight, &sync->bias}) {
+      auto g = p->grad().clone();
+      pg.wait(pg.allreduce_sum_async(g), "test gradient sum");
+      const auto& expected = p == &sync->weight ? ref->weight.grad() : ref->bias.grad();
+      check_close(g, expected, 1e-4, 1e-3, "CUDA weight / bias gradient");
+    }
+  });
   for (int rank = 0; rank < world; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << "rank " << rank;
 }
 
@@ -616,6 +620,50 @@ TEST(SyncBatchNormTest, TheDeviceTestChecksPassWithThreadsAsRanksOnTheCpu) {
   run_cuda_ranks("gloo", 2, torch::kFloat, false, /*cuda=*/false);
   run_cuda_ranks("gloo", 2, torch::kBFloat16, false, /*cuda=*/false);
   run_cuda_ranks("gloo", 2, torch::kFloat, /*empty_rank=*/true, /*cuda=*/false);
+}
+
+TEST(SyncBatchNormTest, TheThreadRanksGuardTurnsAutogradsDeviceThreadsOffAndRestoresThem) {
+  auto& state = c10::AutogradState::get_tls_state();
+  ASSERT_TRUE(state.get_multithreading_enabled());
+  {
+    const ddp_test::BackwardOnThisThread outer;
+    EXPECT_FALSE(state.get_multithreading_enabled());
+    {
+      const ddp_test::BackwardOnThisThread inner;
+      EXPECT_FALSE(state.get_multithreading_enabled());
+    }
+    EXPECT_FALSE(state.get_multithreading_enabled());  // the inner guard restores the outer's state, not the default
+  }
+  EXPECT_TRUE(state.get_multithreading_enabled());
+  // Each rank thread runs under the guard; this thread's state is not touched.
+  const auto errors = ddp_test::run_thread_ranks(2, [](int rank) {
+    TORCH_CHECK(!c10::AutogradState::get_tls_state().get_multithreading_enabled(), "rank ", rank,
+                ": autograd's device threads are on");
+    TORCH_CHECK(rank != 1, "rank 1 fails on purpose");
+  });
+  EXPECT_EQ(errors, (std::vector<std::string>{"", "rank 1 fails on purpose"}));
+  EXPECT_TRUE(state.get_multithreading_enabled());
+}
+
+// The counts ATen's CUDA batch_norm_backward_elemt receives: int32 entries that it sums in int64. The backward used
+// to pass the group's total as one int32 (at::full({1}, total, kInt)), which throws above 2^31 - 1; the per-rank
+// counts, split where one rank alone exceeds it, carry any total. (The CUDA path itself: the GPU test below.)
+TEST(SyncBatchNormTest, CountsForTheCudaBackwardCarryTotalsAbove2To31InInt32Entries) {
+  constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  const std::vector<int64_t> per_rank{(int64_t{1} << 30) + 16, (int64_t{1} << 30) + 16};  // 2^31 + 32 in all
+  EXPECT_THROW(at::full({1}, static_cast<double>(per_rank[0] + per_rank[1]), at::kInt), std::exception);
+  const at::Tensor two = ddp::detail::batch_norm_counts(per_rank);
+  EXPECT_EQ(two.scalar_type(), at::kInt);
+  EXPECT_TRUE(torch::equal(two, torch::tensor({(1 << 30) + 16, (1 << 30) + 16}, torch::kInt)));  // PyTorch's form
+  EXPECT_EQ(two.sum(torch::kLong).item<int64_t>(), (int64_t{1} << 31) + 32);
+  // One rank alone above 2^31 - 1 (split), an empty rank, and 3 * 2^31 + 5.
+  const std::vector<int64_t> uneven{kInt32Max + 7, 0, 5, (int64_t{3} << 31) + 5};
+  const at::Tensor split = ddp::detail::batch_norm_counts(uneven);
+  EXPECT_EQ(split.scalar_type(), at::kInt);
+  EXPECT_GE(split.min().item<int32_t>(), 0);
+  EXPECT_EQ(split.sum(torch::kLong).item<int64_t>(), kInt32Max + 7 + 5 + (int64_t{3} << 31) + 5);
+  EXPECT_EQ(split.numel(), 2 + 1 + 1 + 4);
+  EXPECT_THROW(ddp::detail::batch_norm_counts({3, -1}), c10::Error);
 }
 
 TEST(SyncBatchNormCudaTest, WorldSizeOneOnCudaMatchesBatchNorm) {
@@ -647,6 +695,47 @@ TEST(SyncBatchNormCudaTest, NcclMatchesBatchNormOnTheConcatenatedBatch) {
   if (!ddp::backend_available("nccl")) GTEST_SKIP() << "needs the NCCL backend (not built in)";
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA GPUs";
   run_cuda_ranks("nccl", 2);
+}
+
+// More than 2^31 - 1 values per channel over the group: 2 ranks (threads, one GPU, Gloo) of 2^30 + 2^17 bf16 values
+// each (exact in the fp32 header). The CUDA backward threw here while it passed the total as one int32. With
+// dy = 1 the exact input gradient is (1 - sum(dy) / n - x_hat * mean(dy * x_hat)) * invstd = 0, since
+// mean(x_hat) = 0; the fp32 sums leave |dx| around 1e-6 (relative errors of ~1e-7 in sum(dy) / n and in the
+// centred sum, times invstd = 1/2 and |x_hat| < 6). A wrong n (one rank's count, or a wrapped one) makes it
+// (1 - n / n_used) * invstd, at least 1/4: the bound 1e-3 separates the two.
+TEST(SyncBatchNormCudaTest, TrainsWithMoreThan2To31ValuesPerChannelOverTheGroup) {
+  LTA_REQUIRE_CUDA();
+  LTA_REQUIRE_GLOO();
+#ifdef LIBTORCH_AMP_WITH_CUDA
+  // Per rank: x, y, dy and dx at 2 GiB each, and a temporary: 10 GiB, twice, with room to spare.
+  constexpr int64_t kNeededBytes = int64_t{40} << 30;
+  const auto device_bytes = static_cast<int64_t>(at::cuda::getDeviceProperties(0)->totalGlobalMem);
+  if (device_bytes < kNeededBytes) {
+    GTEST_SKIP() << "needs a GPU with 40 GiB of memory (two ranks of 2^30 bf16 values); this one has "
+                 << (device_bytes >> 30) << " GiB";
+  }
+  const int port = ddp::detail::find_free_port();
+  const auto errors = ddp_test::run_thread_ranks(2, [&](int rank) {
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions()
+                                                             .backend("gloo")
+                                                             .init_method("tcp://127.0.0.1:" + std::to_string(port))
+                                                             .rank(rank)
+                                                             .world_size(2)
+                                                             .timeout(kTestTimeout));
+    const auto options = torch::TensorOptions().device(torch::kCUDA, 0).dtype(torch::kBFloat16);
+    const auto x = torch::randn({16, 1, 8192, 8193}, options).mul_(2).add_(3).requires_grad_();  // 2^30 + 2^17
+    auto sync = ddp::SyncBatchNorm(ddp::SyncBatchNormOptions(1).dimensionality(2).process_group(pg));
+    sync->to(torch::kCUDA);
+    const auto y = sync->forward(x);
+    y.backward(torch::ones_like(y));
+    const float worst = x.grad().abs().max().item<float>();
+    TORCH_CHECK(worst <= 1e-3f, "rank ", rank, ": max |dx| = ", worst, " where the exact gradient is 0");
+    // The forward's count is right too: the running mean moved by a tenth (momentum 0.1) of the data's mean 3.
+    const float running_mean = sync->running_mean.item<float>();
+    TORCH_CHECK(std::abs(running_mean - 0.3f) < 1e-3f, "rank ", rank, ": running_mean ", running_mean);
+  });
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << "rank " << rank;
+#endif
 }
 
 }  // namespace

@@ -131,6 +131,25 @@ std::string gzip(const std::string& bytes, const std::string& scratch_file) {
   return ::testing::AssertionSuccess();
 }
 
+/// The longest --resume error line that still reads at a glance, with the scratch folder's path counted as "DIR"
+/// (its length is TMPDIR's choice). A damaged file used to give 400-950 characters: LibTorch's paragraph of advice
+/// about miniz and the path twice.
+constexpr size_t kMaxErrorLineChars = 200;
+
+/// `text` with every `from` replaced by `to`.
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); !from.empty() && at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+size_t count_of(const std::string& text, const std::string& fragment) {
+  size_t count = 0;
+  for (size_t at = text.find(fragment); at != std::string::npos; at = text.find(fragment, at + 1)) ++count;
+  return count;
+}
+
 class BadInputTest : public ::testing::TestWithParam<Example> {};
 
 TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
@@ -155,6 +174,9 @@ TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
   const std::string short_raw = scratch.folder("short_raw");
   const std::string idx = idx_header({100, 28, 28}) + random_bytes(100 * 28 * 28, 3);
   example_test::write_file(short_raw + "/train-images-idx3-ubyte", idx.substr(0, idx.size() - 1000));
+  // What the reader says of a file that is not a whole zip archive (amp's loader adds the size after the first
+  // part), miniz's reason in the parentheses.
+  const std::string damaged_archive = "damaged or truncated zip archive (";
   std::vector<BadInput> rows = {
       {"--lr nan", {{"--lr", "nan"}}, {"--lr must be a positive finite number, got nan"}},
       {"--lr -1", {{"--lr", "-1"}}, {"--lr must be a positive finite number, got -1"}},
@@ -175,8 +197,12 @@ TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
        {{"--data", short_raw}},
        {short_raw + "/train-images-idx3-ubyte holds 77400 data bytes but its header promises 78400"},
        {"--synthetic"}},
-      {"random --resume", {{"--resume", random}}, {"--resume '" + random + "': "}},
-      {"truncated --resume", {{"--resume", truncated}}, {"--resume '" + truncated + "': "}},
+      {"random --resume",
+       {{"--resume", random}},
+       {"--resume '" + random + "': cannot read it as a checkpoint", damaged_archive}},
+      {"truncated --resume",
+       {{"--resume", truncated}},
+       {"--resume '" + truncated + "': cannot read it as a checkpoint", damaged_archive}},
       {"missing --resume",
        {{"--resume", scratch.file("missing.pt")}},
        {"--resume '" + scratch.file("missing.pt") + "': no such file"}},
@@ -238,6 +264,12 @@ TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
     EXPECT_TRUE(is_one_printable_line(r.err)) << r.describe();
     for (const auto& fragment : row.fragments) {
       EXPECT_NE(r.err.find(fragment), std::string::npos) << "'" << fragment << "' not in stderr\n" << r.describe();
+    }
+    for (const auto& [flag, value] : row.flags) {
+      if (flag != "--resume") continue;
+      EXPECT_EQ(count_of(r.err, value), 1u) << "the file is named once\n" << r.describe();
+      const std::string line = replaced(r.err.substr(0, r.err.find('\n')), scratch.path(), "DIR");
+      EXPECT_LE(line.size(), kMaxErrorLineChars) << r.describe();
     }
     EXPECT_EQ(example_test::read_file(save), old_bytes) << "--save was changed";
     EXPECT_EQ(example_test::folder_entries(scratch.path()), entries_before) << "files were added or removed";
