@@ -222,8 +222,12 @@ int main(int argc, char** argv) {
   CLI::App app{"ZeRO stages 1 and 2 vs DDP + amp O2: memory per rank and step time (Gloo, forked local ranks)"};
   app.add_flag("--full", full, "Memory at ~100 M parameters on 2 and 4 ranks, and 20 timed rounds");
   app.add_option("--threads", threads, "Intra-op threads per rank for the step time")->check(CLI::PositiveNumber);
+  bool step_only = false;
+  app.add_flag("--step-time-only", step_only, "With --full: only the step-time table (no memory runs)");
   CLI11_PARSE(app, argc, argv);
-  if (full) {
+  if (full && step_only) {
+    step_time(512, 4, 512, 20, 3, threads);
+  } else if (full) {
     memory(2, 1024, 8);
     memory(4, 1024, 8);
     step_time(512, 4, 512, 20, 3, threads);
