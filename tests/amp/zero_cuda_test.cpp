@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include "amp/zero_test_util.h"
 #include "ddp/ddp_test_util.h"
 #include "test_util.h"
 
@@ -119,12 +120,8 @@ ZeroRun train(const ddp::ProcessGroup& pg, const torch::Device& device, amp::Zer
     optimizer.step();
     run.losses.push_back(loss.detach());
   }
-  if (amp::detail::ZeroShard* zero = optimizer.state().zero()) {
-    run.masters = zero->full_masters();
-  } else {
-    for (const auto& slot : optimizer.state().slots()) run.masters.push_back(slot.master.detach().clone());
-  }
-  for (const auto& p : net->parameters()) run.model.push_back(p.detach().clone());
+  run.masters = zero_test::full_masters(optimizer);
+  run.model = zero_test::parameters_of(*net);
   return run;
 }
 

@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "amp/zero_test_util.h"
 #include "ddp/ddp_test_util.h"
 
 namespace {
@@ -150,12 +151,8 @@ ZeroRun train(const ddp::ProcessGroup& pg, int rank, const ZeroSetup& setup) {
     run.skipped.push_back(static_cast<int64_t>(optimizer.last_step_now().skipped));
   }
   run.diagnostics = optimizer.scaler().diagnostics_now();
-  if (amp::detail::ZeroShard* zero = optimizer.state().zero()) {
-    run.masters = zero->full_masters();
-  } else {
-    for (const auto& slot : optimizer.state().slots()) run.masters.push_back(slot.master.detach().clone());
-  }
-  for (const auto& p : net->parameters()) run.model.push_back(p.detach().clone());
+  run.masters = zero_test::full_masters(optimizer);
+  run.model = zero_test::parameters_of(*net);
   return run;
 }
 
@@ -337,12 +334,7 @@ std::vector<torch::Tensor> train_two_dtypes(const ddp::ProcessGroup& pg, int ran
     }
     optimizer.step();
   }
-  std::vector<torch::Tensor> out;
-  if (amp::detail::ZeroShard* zero = optimizer.state().zero()) {
-    out = zero->full_masters();
-  } else {
-    for (const auto& slot : optimizer.state().slots()) out.push_back(slot.master.detach().clone());
-  }
+  std::vector<torch::Tensor> out = zero_test::full_masters(optimizer);
   for (const auto& p : net->parameters()) out.push_back(p.detach().to(torch::kFloat));
   for (const auto& b : net->buffers()) out.push_back(b.detach().to(torch::kFloat));
   return out;
@@ -610,12 +602,7 @@ struct Trainer {
   }
 
   /// The full fp32 masters in slot order (gathered under ZeRO: collective).
-  std::vector<torch::Tensor> masters() {
-    if (amp::detail::ZeroShard* zero = optimizer().state().zero()) return zero->full_masters();
-    std::vector<torch::Tensor> out;
-    for (const auto& slot : optimizer().state().slots()) out.push_back(slot.master.detach().clone());
-    return out;
-  }
+  std::vector<torch::Tensor> masters() { return zero_test::full_masters(optimizer()); }
 };
 
 TEST(ZeroCheckpointTest, AConsolidatedCheckpointResumesBitIdenticallyAtTheSameWorldSize) {
