@@ -5,9 +5,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <amp/fp8_state.h>
-#include <amp/zero_shard.h>
-#include <kernels/l2_norm.h>
+#include <amp/fp8/fp8_state.h>
+#include <amp/zero/zero_shard.h>
+#include <kernels/multi_tensor/l2_norm.h>
 
 namespace amp {
 

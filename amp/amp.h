@@ -25,9 +25,9 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include <amp/float8_linear.h>
+#include <amp/nn/float8_linear.h>
 #include <amp/options.h>
-#include <amp/state.h>
+#include <amp/state/state.h>
 #include <ddp/distributed_data_parallel.h>
 
 namespace amp {
@@ -224,7 +224,7 @@ template <typename ModuleHolder>
 void load_checkpoint(const std::string& path, Model<ModuleHolder>& model, Optimizer& optimizer);
 
 /// Named byte strings a caller keeps in the checkpoint file beside model, optimizer and amp state: a training loop's
-/// position and RNG state, so that the file stays one atomic write (Note [checkpoint extras] in amp/checkpoint.cpp).
+/// position and RNG state, so that the file stays one atomic write (Note [checkpoint extras] in amp/io/checkpoint.cpp).
 /// Names are 1 to 64 characters of [A-Za-z0-9_-]; values any bytes.
 using CheckpointExtras = std::map<std::string, std::string>;
 
@@ -241,7 +241,7 @@ void load_checkpoint(const std::string& path, Model<ModuleHolder>& model, Optimi
 
 /// ZeRO (docs/zero.md): each rank writes its own shard (masters and optimizer state of its pieces) to
 /// "PATH.zero-<generation>-<rank>-of-<N>" and rank 0 then writes the small index at `path`, atomic as a set: `path`
-/// always names a complete set (Note [sharded checkpoint] in amp/checkpoint.cpp). Collective: call it on every rank.
+/// always names a complete set (Note [sharded checkpoint] in amp/io/checkpoint.cpp). Collective: call it on every rank.
 /// amp::load_checkpoint reads it at any world size into a run attached with a ZeroStage. Errors are c10::Error, one
 /// line naming the file, raised on every rank.
 template <typename ModuleHolder>

@@ -5,7 +5,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
-#include <kernels/unscale.h>
+#include <kernels/multi_tensor/unscale.h>
 
 namespace amp {
 namespace {

@@ -10,8 +10,8 @@
 #include <torch/serialize/archive.h>
 
 #include <kernels/capture.h>
-#include <kernels/loss_scale.h>
-#include <kernels/unscale.h>
+#include <kernels/multi_tensor/loss_scale.h>
+#include <kernels/multi_tensor/unscale.h>
 
 namespace amp {
 

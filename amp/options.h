@@ -6,7 +6,7 @@
 
 #include <c10/core/ScalarType.h>
 
-#include <amp/fp8_recipe.h>
+#include <amp/fp8/fp8_recipe.h>
 
 namespace amp {
 

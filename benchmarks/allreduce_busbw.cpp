@@ -17,7 +17,7 @@
 #include <amp/amp.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
-#include <ddp/spawn.h>
+#include <ddp/launch/spawn.h>
 
 #include "common/timing.h"
 

@@ -15,7 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <amp/amp.h>
-#include <amp/fused_optimizers.h>
+#include <amp/optim/fused_optimizers.h>
 
 #ifdef LIBTORCH_AMP_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>

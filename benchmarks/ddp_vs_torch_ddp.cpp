@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include <amp/atomic_file.h>
+#include <amp/io/atomic_file.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>

@@ -19,8 +19,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
-#include <amp/float8_linear.h>
-#include <amp/fused_dense.h>
+#include <amp/nn/float8_linear.h>
+#include <amp/nn/fused_dense.h>
 
 #include "common/flags.h"
 #include "common/timing.h"

@@ -17,7 +17,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <kernels/fused_optimizers.h>
+#include <kernels/optim/fused_optimizers.h>
 
 #include "common/flags.h"
 #include "common/timing.h"

@@ -12,8 +12,8 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <amp/fused_dense.h>
-#include <kernels/path_autotune.h>
+#include <amp/nn/fused_dense.h>
+#include <kernels/gemm/path_autotune.h>
 
 #include "common/flags.h"
 #include "common/timing.h"

@@ -11,7 +11,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <kernels/l2_norm.h>
+#include <kernels/multi_tensor/l2_norm.h>
 
 #include "common/flags.h"
 #include "common/timing.h"

@@ -6,7 +6,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
-#include <kernels/multi_tensor_scale.h>
+#include <kernels/multi_tensor/multi_tensor_scale.h>
 
 namespace {
 

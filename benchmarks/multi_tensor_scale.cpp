@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <kernels/multi_tensor_scale.h>
+#include <kernels/multi_tensor/multi_tensor_scale.h>
 
 #include "common/flags.h"
 #include "common/timing.h"

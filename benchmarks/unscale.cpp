@@ -11,7 +11,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <kernels/unscale.h>
+#include <kernels/multi_tensor/unscale.h>
 
 #include "common/flags.h"
 #include "common/timing.h"

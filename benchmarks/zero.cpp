@@ -22,11 +22,11 @@
 #include <CLI/CLI.hpp>
 
 #include <amp/amp.h>
-#include <amp/fused_optimizers.h>
+#include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
 #include <ddp/shard_layout.h>
-#include <ddp/spawn.h>
+#include <ddp/launch/spawn.h>
 
 #include "common/timing.h"
 

@@ -12,7 +12,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <ddp/launch_env.h>
+#include <ddp/launch/launch_env.h>
 
 namespace ddp {
 

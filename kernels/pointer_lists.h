@@ -29,7 +29,7 @@ struct PointerLists {
 };
 
 /// The value a first-non-finite index tensor holds when no non-finite value has been seen: ops record the
-/// smallest original index with atomicMin (see Note [first non-finite index] in kernels/unscale.h).
+/// smallest original index with atomicMin (see Note [first non-finite index] in kernels/multi_tensor/unscale.h).
 constexpr int32_t kNoNonFiniteIndex = 2147483647;
 
 }  // namespace kernels

@@ -12,7 +12,7 @@
 #include <optional>
 
 #include <amp/amp.h>
-#include <amp/fused_optimizers.h>
+#include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/sync_batch_norm.h>
 #include <fmt/format.h>

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include <ddp/spawn.h>
+#include <ddp/launch/spawn.h>
 #include <fmt/format.h>
 
 #include "common/ddp_worker.h"

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include <amp/atomic_file.h>
+#include <amp/io/atomic_file.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 

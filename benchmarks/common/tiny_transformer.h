@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include <amp/float8_linear.h>
+#include <amp/nn/float8_linear.h>
 
 namespace bench {
 

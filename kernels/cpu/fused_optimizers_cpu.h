@@ -1,6 +1,6 @@
 #pragma once
 
-#include <kernels/fused_optimizer_rules.h>
+#include <kernels/optim/fused_optimizer_rules.h>
 #include <kernels/pointer_lists.h>
 
 namespace kernels::cpu {

@@ -1,6 +1,6 @@
 #include <kernels/cuda/check.h>
 #include <kernels/cuda/fp8_cuda.h>
-#include <kernels/fp8_rule.h>
+#include <kernels/gemm/fp8_rule.h>
 
 #include <algorithm>
 #include <stdexcept>

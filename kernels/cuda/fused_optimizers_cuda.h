@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <kernels/fused_optimizer_rules.h>
+#include <kernels/optim/fused_optimizer_rules.h>
 #include <kernels/pointer_lists.h>
 
 namespace kernels::cuda {

@@ -1,4 +1,4 @@
-#include <kernels/clip_rule.h>
+#include <kernels/optim/clip_rule.h>
 #include <kernels/cpu/chunks.h>
 #include <kernels/cuda/l2_norm_cuda.h>
 #include <kernels/cuda/multi_tensor_apply.cuh>
@@ -7,7 +7,7 @@
 namespace kernels::cuda {
 namespace {
 
-// kernels/l2_norm.cpp sizes the slot table with cpu::kChunkElements; the launcher's block_chunk must count the
+// kernels/multi_tensor/l2_norm.cpp sizes the slot table with cpu::kChunkElements; the launcher's block_chunk must count the
 // same chunks.
 static_assert(kChunkElements == cpu::kChunkElements, "CUDA and CPU chunks must match the slot table");
 

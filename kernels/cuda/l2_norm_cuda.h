@@ -8,7 +8,7 @@
 
 namespace kernels::cuda {
 
-// Stage 1 and 2 of Note [deterministic two-stage norm] (kernels/l2_norm.h). slot_base has one entry per tensor
+// Stage 1 and 2 of Note [deterministic two-stage norm] (kernels/multi_tensor/l2_norm.h). slot_base has one entry per tensor
 // of the caller's original list plus one: tensor i owns workspace slots [slot_base[i], slot_base[i + 1]), one
 // per kChunkElements-element chunk. All pointers are device pointers; everything runs on `stream`, no host sync.
 
@@ -29,7 +29,7 @@ void l2_norm_partials(const PointerLists<1>& lists, const int64_t* slot_base, co
 void l2_norm_reduce(const double* partials, const int64_t* slot_base, int64_t num_tensors, int64_t num_slots,
                     float* total, float* per_tensor, float* found_inf, cudaStream_t stream);
 
-/// In place g *= clip_coefficient(*total_norm, max_norm) (kernels/clip_rule.h) over `lists` (one dtype), the
+/// In place g *= clip_coefficient(*total_norm, max_norm) (kernels/optim/clip_rule.h) over `lists` (one dtype), the
 /// coefficient being read on device; blocks return without touching memory when it is 1.
 void clip_by_norm(const PointerLists<1>& lists, const float* total_norm, float max_norm, cudaStream_t stream);
 

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <kernels/loss_scale_rule.h>
+#include <kernels/multi_tensor/loss_scale_rule.h>
 
 namespace kernels::cuda {
 

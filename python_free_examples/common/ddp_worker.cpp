@@ -4,7 +4,7 @@
 #include <stdexcept>
 
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/launch_env.h>
+#include <ddp/launch/launch_env.h>
 #include <ddp/replica_check.h>
 #include <ddp/sync_batch_norm.h>
 #include <fmt/format.h>

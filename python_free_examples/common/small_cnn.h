@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include <amp/float8_linear.h>
+#include <amp/nn/float8_linear.h>
 
 namespace examples {
 

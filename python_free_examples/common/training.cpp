@@ -14,8 +14,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <amp/archive_error.h>
-#include <amp/atomic_file.h>
+#include <amp/io/archive_error.h>
+#include <amp/io/atomic_file.h>
 #include <fmt/format.h>
 
 namespace examples {

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include <amp/amp.h>
-#include <amp/fused_optimizers.h>
+#include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
-#include <ddp/spawn.h>
+#include <ddp/launch/spawn.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include <amp/archive_error.h>
+#include <amp/io/archive_error.h>
 
 #include <fstream>
 #include <random>

@@ -1,4 +1,4 @@
-#include <amp/atomic_file.h>
+#include <amp/io/atomic_file.h>
 
 #include <sys/stat.h>
 

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include <amp/amp.h>
-#include <amp/device_lr.h>
-#include <amp/fused_optimizers.h>
+#include <amp/optim/device_lr.h>
+#include <amp/optim/fused_optimizers.h>
 #include <gtest/gtest.h>
 #include <kernels/capture.h>
-#include <kernels/l2_norm.h>
+#include <kernels/multi_tensor/l2_norm.h>
 #include <torch/torch.h>
 #ifdef LIBTORCH_AMP_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>

@@ -2,7 +2,7 @@
 // quantized values, the scaling rules against Transformer Engine's formulas (tests/golden/fp8_scaling.csv), and
 // training under amp (convergence against bf16, checkpoints, DDP).
 
-#include <amp/float8_linear.h>
+#include <amp/nn/float8_linear.h>
 
 #include <cmath>
 #include <cstdio>
@@ -23,10 +23,10 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 #include <amp/autocast.h>
-#include <amp/fp8_state.h>
-#include <amp/fused_optimizers.h>
+#include <amp/fp8/fp8_state.h>
+#include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
-#include <kernels/fp8.h>
+#include <kernels/gemm/fp8.h>
 
 #include "ddp/ddp_test_util.h"
 #include "test_util.h"

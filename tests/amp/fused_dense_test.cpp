@@ -1,4 +1,4 @@
-#include <amp/fused_dense.h>
+#include <amp/nn/fused_dense.h>
 
 #include <sstream>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include <amp/amp.h>
 #include <amp/autocast.h>
-#include <kernels/path_autotune.h>
+#include <kernels/gemm/path_autotune.h>
 
 #include "test_util.h"
 

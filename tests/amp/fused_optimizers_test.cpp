@@ -1,4 +1,4 @@
-#include <amp/fused_optimizers.h>
+#include <amp/optim/fused_optimizers.h>
 
 #include <cstdio>
 #include <limits>

@@ -2,7 +2,7 @@
 // first gets a gradient at step 3 and has none again at step 5: golden values from
 // tests/golden/generate_optimizer_golden.py (see its docstring for the model and the file's rows).
 
-#include <amp/fused_optimizers.h>
+#include <amp/optim/fused_optimizers.h>
 
 #include <cmath>
 #include <fstream>

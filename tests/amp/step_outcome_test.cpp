@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <amp/amp.h>
-#include <amp/fused_optimizers.h>
+#include <amp/optim/fused_optimizers.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include <amp/model_cast.h>
+#include <amp/state/model_cast.h>
 
 #include <ddp/sync_batch_norm.h>
 #include <gtest/gtest.h>

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include <amp/amp.h>
-#include <amp/fused_optimizers.h>
-#include <amp/zero_shard.h>
+#include <amp/optim/fused_optimizers.h>
+#include <amp/zero/zero_shard.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/process_group.h>
 #include <ddp/shard_layout.h>

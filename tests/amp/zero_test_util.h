@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include <amp/amp.h>
-#include <amp/zero_shard.h>
+#include <amp/zero/zero_shard.h>
 
 namespace zero_test {
 

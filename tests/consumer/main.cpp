@@ -5,8 +5,9 @@
 #include <torch/torch.h>
 
 #include <amp/autocast.h>
-#include <ddp/launch_env.h>
-#include <kernels/multi_tensor_scale.h>
+#include <amp/optim/fused_optimizers.h>  // a header in a feature folder
+#include <ddp/launch_env.h>               // a forwarding header at a path that moved (to ddp/launch/)
+#include <kernels/multi_tensor_scale.h>   // likewise (to kernels/multi_tensor/)
 
 int main() {
   std::vector<torch::Tensor> tensors = {torch::ones({5}), torch::ones({3}, torch::kHalf), torch::ones({0})};
@@ -17,6 +18,7 @@ int main() {
     if (torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() != torch::kBFloat16) return 2;
   }
   if (ddp::launched_by_launcher()) return 3;
+  if (amp::FusedAdamOptions(1e-3).lr() != 1e-3) return 4;
   std::printf("consumer: scaled %zu tensors, autocast scope ok\n", tensors.size());
   return 0;
 }

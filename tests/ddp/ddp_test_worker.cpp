@@ -30,7 +30,7 @@
 #include <cstdio>
 
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/launch_env.h>
+#include <ddp/launch/launch_env.h>
 #include <ddp/process_group.h>
 #include <torch/torch.h>
 

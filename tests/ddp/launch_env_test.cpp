@@ -1,4 +1,4 @@
-#include <ddp/launch_env.h>
+#include <ddp/launch/launch_env.h>
 
 #include <cstdlib>
 #include <map>

@@ -1,4 +1,4 @@
-#include <ddp/launcher.h>
+#include <ddp/launch/launcher.h>
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include <ddp/worker_group.h>
+#include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include <ddp/spawn.h>
-#include <ddp/worker_group.h>
+#include <ddp/launch/spawn.h>
+#include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

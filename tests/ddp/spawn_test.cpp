@@ -1,4 +1,4 @@
-#include <ddp/spawn.h>
+#include <ddp/launch/spawn.h>
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include <ddp/launch_env.h>
+#include <ddp/launch/launch_env.h>
 #include <gtest/gtest.h>
 
 #include "ddp/ddp_test_util.h"

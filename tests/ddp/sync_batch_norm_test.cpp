@@ -8,8 +8,8 @@
 #include <vector>
 
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/spawn.h>
-#include <ddp/worker_group.h>
+#include <ddp/launch/spawn.h>
+#include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include <kernels/axpby.h>
+#include <kernels/multi_tensor/axpby.h>
 
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-#include <kernels/fused_optimizers.h>
+#include <kernels/optim/fused_optimizers.h>
 
 #include <algorithm>
 #include <functional>
@@ -624,7 +624,7 @@ TensorVector to_device(const TensorVector& v, const torch::Device& device) {
   return out;
 }
 
-// The CUDA functors and the CPU twin apply the same rule (kernels/fused_optimizer_rules.h); only FMA
+// The CUDA functors and the CPU twin apply the same rule (kernels/optim/fused_optimizer_rules.h); only FMA
 // contraction may differ, so results agree to fp32 rounding over many steps.
 TEST(FusedOptimizerCudaTest, AdamMatchesCpuTwinOnThousandsOfTensors) {
   LTA_REQUIRE_CUDA();

@@ -1,4 +1,4 @@
-#include <kernels/gemm_epilogue.h>
+#include <kernels/gemm/gemm_epilogue.h>
 
 #include <cstdlib>
 #include <string>
@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <kernels/path_autotune.h>
+#include <kernels/gemm/path_autotune.h>
 #ifdef LIBTORCH_AMP_WITH_CUDA
 #include <kernels/cuda/cublaslt_gemm.h>
 #endif
@@ -109,7 +109,7 @@ class GemmEpilogueTest : public ::testing::Test {
     if (takes_gelu_input(e)) in.gelu_input = random({s.m, s.n}, device);
     return in;
   }
-  // The layout amp::FusedDense calls these epilogues with (amp/fused_dense.cpp): BGRADB gets dy.t() (a
+  // The layout amp::FusedDense calls these epilogues with (amp/nn/fused_dense.cpp): BGRADB gets dy.t() (a
   // column-major) and the row-major input; DGELU_BGRAD gets dy and the weight, both row-major.
   Operands fused_dense_operands(const Shape& s, Epilogue e, const torch::Device& device) {
     Operands in;

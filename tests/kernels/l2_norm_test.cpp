@@ -1,4 +1,4 @@
-#include <kernels/l2_norm.h>
+#include <kernels/multi_tensor/l2_norm.h>
 
 #include <cmath>
 #include <cstring>

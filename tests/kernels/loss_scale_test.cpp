@@ -1,4 +1,4 @@
-#include <kernels/loss_scale.h>
+#include <kernels/multi_tensor/loss_scale.h>
 
 #include <limits>
 #include <random>

@@ -1,4 +1,4 @@
-#include <kernels/multi_tensor_scale.h>
+#include <kernels/multi_tensor/multi_tensor_scale.h>
 
 #include <limits>
 #include <vector>

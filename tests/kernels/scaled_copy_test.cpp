@@ -1,4 +1,4 @@
-#include <kernels/scaled_copy.h>
+#include <kernels/multi_tensor/scaled_copy.h>
 
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-#include <kernels/unscale.h>
+#include <kernels/multi_tensor/unscale.h>
 
 #include <limits>
 #include <vector>

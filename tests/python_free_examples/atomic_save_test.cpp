@@ -8,7 +8,7 @@
 #include <vector>
 
 #include <ddp/process_group.h>
-#include <ddp/worker_group.h>
+#include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 
 #include "python_free_examples/example_process.h"

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include <ddp/worker_group.h>
+#include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #ifdef LIBTORCH_AMP_HAVE_ZLIB

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <amp/amp.h>
-#include <amp/fused_optimizers.h>
+#include <amp/optim/fused_optimizers.h>
 #include <ddp/process_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,0 +1,129 @@
+// amp::detail::State, checkpoints: amp's own state (options, scalers) and the model's fp32 values.
+
+#include <amp/state/state.h>
+
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/serialize/archive.h>
+
+#include <amp/fp8/fp8_state.h>
+#include <amp/zero/zero_shard.h>
+
+namespace amp::detail {
+
+void State::save(torch::serialize::OutputArchive& archive) const {
+  for (size_t id = 0; id < scalers_.size(); ++id) {
+    torch::serialize::OutputArchive sub;
+    scalers_[id]->save(sub);
+    archive.write("loss_scaler" + std::to_string(id), sub);
+  }
+  const std::string text = options_.to_string();
+  if (fp8_ != nullptr) fp8_->save(archive);
+  archive.write(
+      "options_text",
+      at::tensor(c10::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()), at::kByte));
+}
+
+void State::validate_amp_state(torch::serialize::InputArchive& archive) {
+  at::Tensor text;
+  TORCH_CHECK(archive.try_read("options_text", text), "amp checkpoint is missing its options");
+  const std::string saved(reinterpret_cast<const char*>(text.data_ptr<uint8_t>()), text.numel());
+  const std::string current = options_.to_string();
+  if (saved != current) {
+    // Name the first setting that differs ("key=value" words), then both lines whole.
+    std::istringstream saved_words(saved), current_words(current);
+    std::string a, b, differs;
+    while (saved_words >> a) {
+      if (!(current_words >> b)) b.clear();
+      if (a != b) {
+        differs = a + " in the checkpoint, " + (b.empty() ? std::string("nothing") : b) + " here";
+        break;
+      }
+    }
+    if (differs.empty()) differs = "the current options have more settings";
+    TORCH_CHECK(false, "amp checkpoint was saved with other options (", differs, "; saved: ", saved,
+                "; current: ", current, "): restore with the same amp::Options");
+  }
+  // Load every scaler into a scratch copy: a bad archive throws here, before anything changed.
+  for (size_t id = 0; id < scalers_.size(); ++id) {
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(archive.try_read("loss_scaler" + std::to_string(id), sub), "amp checkpoint has no loss_scaler", id);
+    LossScaler(scalers_[id]->config(), device_).load(sub);
+  }
+  if (fp8_ != nullptr) fp8_->validate(archive);
+}
+
+void State::load(torch::serialize::InputArchive& archive) {
+  validate_amp_state(archive);
+  for (size_t id = 0; id < scalers_.size(); ++id) {
+    torch::serialize::InputArchive sub;
+    archive.try_read("loss_scaler" + std::to_string(id), sub);
+    scalers_[id]->load(sub);
+  }
+  if (fp8_ != nullptr) fp8_->load(archive);
+  // What this state derived from the old scaler state: the current step's overflow flag and the overflow log's
+  // step bookkeeping (step numbers restart from the loaded ones).
+  step_found_inf_.zero_();
+  unscaled_this_step_ = false;
+  last_logged_step_.assign(scalers_.size(), -kOverflowLogIntervalSteps);
+  overflows_since_log_.assign(scalers_.size(), 0);
+}
+
+void State::save_model(torch::serialize::OutputArchive& archive) const {
+  std::unordered_map<const void*, const ParamSlot*> slot_of;
+  for (const auto& slot : slots_) slot_of[slot.model.unsafeGetTensorImpl()] = &slot;
+  // ZeRO: every rank's shard of the masters, gathered (collective).
+  const std::vector<at::Tensor> gathered = zero_ != nullptr ? zero_->full_masters() : std::vector<at::Tensor>();
+  for (const auto& p : module_->named_parameters(true)) {
+    auto it = slot_of.find(p.value().unsafeGetTensorImpl());
+    const at::Tensor& value = it == slot_of.end()      ? p.value()
+                              : !gathered.empty()      ? gathered[static_cast<size_t>(it->second - slots_.data())]
+                              : it->second->has_master ? it->second->master
+                                                       : p.value();
+    archive.write(p.key(), value.detach().to(at::kFloat).cpu());
+  }
+  for (const auto& b : module_->named_buffers(true)) {
+    const at::Tensor& v = b.value();
+    archive.write(b.key(), (v.is_floating_point() ? v.to(at::kFloat) : v).cpu(), /*is_buffer=*/true);
+  }
+}
+
+void State::load_model(torch::serialize::InputArchive& archive) {
+  auto assignments = prepare_model_load(archive);
+  at::NoGradGuard no_grad;
+  for (auto& [dest, value] : assignments) dest.copy_(value);
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::serialize::InputArchive& archive) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, fp32 value)
+  std::unordered_map<const void*, const ParamSlot*> slot_of;
+  for (const auto& slot : slots_) slot_of[slot.model.unsafeGetTensorImpl()] = &slot;
+  auto read = [&](const std::string& key, const at::Tensor& dest, bool is_buffer) {
+    at::Tensor value;
+    TORCH_CHECK(archive.try_read(key, value, is_buffer), "model checkpoint has no '", key, "'");
+    TORCH_CHECK(value.sizes() == dest.sizes(), "model checkpoint has '", key, "' with shape ", value.sizes(),
+                " but the model's is ", dest.sizes());
+    return value;
+  };
+  std::vector<at::Tensor> slot_values(slots_.size());  // ZeRO: each slot's value, for this rank's shard
+  for (const auto& p : module_->named_parameters(true)) {
+    at::Tensor value = read(p.key(), p.value(), false);
+    assignments.emplace_back(p.value(), value);
+    auto it = slot_of.find(p.value().unsafeGetTensorImpl());
+    if (it == slot_of.end()) continue;
+    if (it->second->has_master) assignments.emplace_back(it->second->master, value);
+    slot_values[static_cast<size_t>(it->second - slots_.data())] = value.to(at::kFloat);
+  }
+  for (const auto& b : module_->named_buffers(true))
+    assignments.emplace_back(b.value(), read(b.key(), b.value(), true));
+  if (zero_ != nullptr) zero_->master_copies(slot_values, assignments);  // this rank's shard, from the same values
+  return assignments;
+}
+
+}  // namespace amp::detail

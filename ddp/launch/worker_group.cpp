@@ -1,0 +1,338 @@
+#include <ddp/launch/worker_group.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <thread>
+
+#include <c10/util/Exception.h>
+
+namespace ddp::detail {
+namespace {
+
+/// How often the supervisor looks at its workers: short next to any training step, long enough to cost nothing.
+constexpr std::chrono::milliseconds kPollInterval{5};
+
+/// The most of a worker's failure message that is kept; a message is a sentence or a stack trace, not a log.
+constexpr size_t kMaxMessageBytes = 16 * 1024;
+
+/// How close to a worker's reaping its stderr must have closed to count as the moment it exited.
+constexpr std::chrono::milliseconds kExitCloseWindow{500};
+
+/// After the first failure, how long the other workers may take to end on their own before they are stopped: a
+/// peer that failed at about the same moment may still be tearing LibTorch down (seen: longer than its peers took
+/// to fail after it), and stopping it then would report it as a consequence instead of the root cause.
+constexpr std::chrono::milliseconds kSettleWindow{2000};
+
+/// A worker's line longer than this is passed on in pieces (a line is a message, not a data dump).
+constexpr size_t kMaxLineBytes = 64 * 1024;
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // nowhere to write to: the output is lost, the supervision goes on
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+/// The line without its trailing carriage return and blanks; empty when nothing else is on it.
+std::string trimmed(std::string line) {
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+  return line;
+}
+
+void signal_worker(pid_t pid, int signal) {
+  // The whole process group first (the worker and anything it started), the pid itself as a fallback for a
+  // worker that has not reached its setpgid yet.
+  if (::kill(-pid, signal) != 0) ::kill(pid, signal);
+}
+
+}  // namespace
+
+std::string describe_status(int wait_status) {
+  std::ostringstream out;
+  if (WIFEXITED(wait_status)) {
+    out << "exited with code " << WEXITSTATUS(wait_status);
+  } else if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    out << "was killed by signal " << sig << " (" << ::strsignal(sig) << ")";
+  } else {
+    out << "ended with wait status " << wait_status;
+  }
+  return out.str();
+}
+
+int exit_code_of(int wait_status) {
+  constexpr int kSignalExitBase = 128;  // what shells report for a process killed by a signal
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return kSignalExitBase + WTERMSIG(wait_status);
+  return 1;
+}
+
+WorkerGroup::~WorkerGroup() {
+  for (Worker& w : workers_) {
+    if (w.running) {
+      signal_worker(w.pid, SIGKILL);
+      reap(w, /*block=*/true);
+    }
+    if (w.message_fd >= 0) ::close(w.message_fd);
+    if (w.output_fd >= 0) ::close(w.output_fd);
+  }
+}
+
+std::string describe_failures(const std::vector<WorkerExit>& failures, const std::string& prefix) {
+  std::ostringstream out;
+  for (size_t i = 0; i < failures.size(); ++i) {
+    const WorkerExit& f = failures[i];
+    out << prefix << (i == 0 ? "root cause: " : "consequence: ") << "rank " << f.rank << " (local rank " << f.local_rank
+        << ", pid " << f.pid << ") ";
+    if (f.stopped_by_group) {
+      out << describe_status(f.wait_status) << ", stopped after rank " << failures[0].rank << " failed";
+    } else {
+      out << describe_status(f.wait_status);
+      if (i > 0) {
+        const double later_s = std::chrono::duration<double>(f.observed - failures[0].observed).count();
+        out << " " << std::fixed << std::setprecision(2) << later_s << " s after rank " << failures[0].rank;
+        out.unsetf(std::ios::floatfield);
+      }
+    }
+    if (!f.message.empty()) out << ": " << f.message;
+    if (!f.last_line.empty() && f.last_line != f.message) out << "; its last stderr line: " << f.last_line;
+    out << "\n";
+  }
+  return out.str();
+}
+
+void WorkerGroup::add(int rank, int local_rank, pid_t pid, int message_fd, int output_fd) {
+  // Also set from the parent, so that signals reach the worker's group even before the child ran setpgid.
+  ::setpgid(pid, pid);
+  for (const int fd : {message_fd, output_fd}) {
+    if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+  workers_.push_back(
+      {rank, local_rank, pid, message_fd, output_fd, "", "", true, false, false, std::nullopt, std::nullopt});
+}
+
+std::optional<int> WorkerGroup::reap(Worker& w, bool block) {
+  int status = 0;
+  pid_t got;
+  do {
+    got = ::waitpid(w.pid, &status, block ? 0 : WNOHANG);
+  } while (got < 0 && errno == EINTR);
+  if (got == w.pid) {
+    w.running = false;
+    return status;
+  }
+  if (got < 0) {  // not our child any more (reaped elsewhere): nothing to wait for
+    w.running = false;
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string WorkerGroup::read_message(Worker& w) {
+  std::string message;
+  if (w.message_fd < 0) return message;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(w.message_fd, buffer, sizeof(buffer));
+    if (n > 0 && message.size() < kMaxMessageBytes) message.append(buffer, static_cast<size_t>(n));
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+  ::close(w.message_fd);
+  w.message_fd = -1;
+  return message;
+}
+
+void WorkerGroup::drain_output(Worker& w, int forward_fd, bool final) {
+  if (w.output_fd < 0) return;
+  char buffer[4096];
+  bool ended = false;
+  for (;;) {
+    const ssize_t n = ::read(w.output_fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ended = n == 0 || errno != EAGAIN;
+      break;
+    }
+    w.partial_line.append(buffer, static_cast<size_t>(n));
+    // Whole lines go out at once, so that lines of different workers never interleave mid-line.
+    const size_t end = w.partial_line.rfind('\n');
+    if (end != std::string::npos) {
+      write_all(forward_fd, w.partial_line.data(), end + 1);
+      for (size_t from = 0; from <= end;) {
+        const size_t newline = w.partial_line.find('\n', from);
+        const std::string line = trimmed(w.partial_line.substr(from, newline - from));
+        if (!line.empty()) {
+          w.last_line = line;
+          w.last_line_at = std::chrono::steady_clock::now();
+        }
+        from = newline + 1;
+      }
+      w.partial_line.erase(0, end + 1);
+    }
+    if (w.partial_line.size() > kMaxLineBytes) {
+      write_all(forward_fd, w.partial_line.data(), w.partial_line.size());
+      w.partial_line.clear();
+    }
+  }
+  if (!ended && !final) return;
+  if (ended) w.output_closed = std::chrono::steady_clock::now();
+  if (!w.partial_line.empty()) {  // a last line without its newline
+    const std::string line = trimmed(w.partial_line);
+    if (!line.empty()) {
+      w.last_line = line;
+      w.last_line_at = std::chrono::steady_clock::now();
+    }
+    w.partial_line += '\n';
+    write_all(forward_fd, w.partial_line.data(), w.partial_line.size());
+    w.partial_line.clear();
+  }
+  ::close(w.output_fd);
+  w.output_fd = -1;
+}
+
+void WorkerGroup::pump_output(std::chrono::milliseconds timeout, int forward_fd) {
+  std::vector<pollfd> fds;
+  std::vector<Worker*> owners;
+  for (Worker& w : workers_) {
+    if (w.output_fd < 0) continue;
+    fds.push_back({w.output_fd, POLLIN, 0});
+    owners.push_back(&w);
+  }
+  if (fds.empty()) {
+    std::this_thread::sleep_for(timeout);
+    return;
+  }
+  if (::poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) drain_output(*owners[i], forward_fd, /*final=*/false);
+  }
+}
+
+WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
+  // The worker is gone, so everything it wrote is in the pipe: read it all before naming its last line. (A
+  // process it started may still hold the pipe; what that one writes later is not waited for.)
+  drain_output(w, forward_fd, /*final=*/true);
+  WorkerExit exit;
+  exit.rank = w.rank;
+  exit.local_rank = w.local_rank;
+  exit.pid = w.pid;
+  exit.wait_status = status;
+  exit.message = read_message(w);
+  while (!exit.message.empty() && (exit.message.back() == '\n' || exit.message.back() == '\r')) exit.message.pop_back();
+  exit.last_line = w.last_line;
+  // Ended by the group's signal; one that failed on its own meanwhile (its error came first) is not "stopped".
+  exit.stopped_by_group = w.signalled && WIFSIGNALED(status);
+  exit.after_forwarded_signal = w.forwarded;
+  const auto now = std::chrono::steady_clock::now();
+  // A pipe that closed long before the worker was reaped was closed by the worker itself, not by its exit.
+  const bool closed_at_exit = w.output_closed && now - *w.output_closed < kExitCloseWindow;
+  exit.observed = closed_at_exit ? *w.output_closed : now;
+  // A failed worker's last line is its error, written when it failed: tearing a LibTorch process down can take
+  // longer than its peers take to fail after it (seen: 0.03 s the wrong way round), so that time comes first.
+  if (w.last_line_at) exit.observed = std::min(exit.observed, *w.last_line_at);
+  return exit;
+}
+
+void WorkerGroup::signal_all(int signal) {
+  for (const Worker& w : workers_) {
+    if (w.running) signal_worker(w.pid, signal);
+  }
+}
+
+bool WorkerGroup::reap_ended(bool block, int forward_fd, std::vector<WorkerExit>& failures) {
+  bool any_running = false;
+  for (Worker& w : workers_) {
+    if (!w.running) continue;
+    const std::optional<int> status = reap(w, block);
+    if (status && *status != 0) failures.push_back(exit_of(w, *status, forward_fd));
+    if (status && *status == 0) drain_output(w, forward_fd, /*final=*/true);
+    any_running = any_running || w.running;
+  }
+  return any_running;
+}
+
+void WorkerGroup::settle(int forward_fd, std::vector<WorkerExit>& failures) {
+  const auto deadline = std::chrono::steady_clock::now() + kSettleWindow;
+  while (reap_ended(/*block=*/false, forward_fd, failures) && std::chrono::steady_clock::now() < deadline) {
+    pump_output(kPollInterval, forward_fd);
+  }
+}
+
+void WorkerGroup::terminate_rest(std::chrono::milliseconds kill_grace, int forward_fd,
+                                 std::vector<WorkerExit>& failures) {
+  for (Worker& w : workers_) w.signalled = w.running;
+  signal_all(SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + kill_grace;
+  while (reap_ended(/*block=*/false, forward_fd, failures)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      signal_all(SIGKILL);
+      reap_ended(/*block=*/true, forward_fd, failures);
+      break;
+    }
+    pump_output(kPollInterval, forward_fd);
+  }
+}
+
+std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
+                                          volatile std::sig_atomic_t* pending_signal, int forward_fd) {
+  std::vector<WorkerExit> failures;
+  for (;;) {
+    if (pending_signal != nullptr && *pending_signal != 0) {
+      const int signal = *pending_signal;
+      *pending_signal = 0;
+      for (Worker& w : workers_) w.forwarded = w.forwarded || w.running;
+      signal_all(signal);
+    }
+    // Every worker found ended in this pass is recorded before the rest are stopped, so that a worker that failed
+    // on its own is not reported as stopped; they are ordered by when they ended at the end.
+    const bool any_running = reap_ended(/*block=*/false, forward_fd, failures);
+    if (!failures.empty()) {
+      settle(forward_fd, failures);
+      terminate_rest(kill_grace, forward_fd, failures);
+      break;
+    }
+    if (!any_running) break;
+    pump_output(kPollInterval, forward_fd);
+  }
+  for (Worker& w : workers_) drain_output(w, forward_fd, /*final=*/true);
+  std::stable_sort(failures.begin(), failures.end(), [](const WorkerExit& a, const WorkerExit& b) {
+    if (a.stopped_by_group != b.stopped_by_group) return b.stopped_by_group;
+    return a.observed < b.observed;
+  });
+  return failures;
+}
+
+int find_free_port(const std::string& host) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  TORCH_CHECK(fd >= 0, "find_free_port: socket() failed: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  const bool parsed = ::inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &addr.sin_addr) == 1;
+  socklen_t len = sizeof(addr);
+  const bool ok = parsed && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int error = errno;
+  ::close(fd);
+  TORCH_CHECK(parsed, "find_free_port: host must be an IPv4 address or localhost, got '", host, "'");
+  TORCH_CHECK(ok, "find_free_port: could not bind a port on ", host, ": ", std::strerror(error));
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace ddp::detail
