@@ -40,8 +40,11 @@ class Model {
   Model(ModuleHolder module, std::shared_ptr<detail::State> state)
       : module_(std::move(module)), state_(std::move(state)) {}
 
+  /// Under ZeroPublish::kAtNextForward, forward() and call() first complete the all-gather the last step() left in
+  /// flight (Optimizer::wait_for_parameters).
   template <typename... Args>
   auto forward(Args&&... args) {
+    state_->before_forward();
     return state_->forward_policy().run(
         [this](auto&&... a) { return module_->forward(std::forward<decltype(a)>(a)...); }, std::forward<Args>(args)...);
   }
@@ -55,6 +58,7 @@ class Model {
   ///   auto out = model.call([&](const at::Tensor& in) { return ddp.forward(in); }, x);
   template <typename F, typename... Args>
   auto call(F&& f, Args&&... args) {
+    state_->before_forward();
     return state_->forward_policy().run(std::forward<F>(f), std::forward<Args>(args)...);
   }
   auto operator->() { return module_.operator->(); }
@@ -106,7 +110,21 @@ class Optimizer {
   /// must come before the first scale_loss. The loop stays the same; scale_loss scopes, step() and
   /// amp::clip_grad_norm_ become collective (call them on every rank). Under kTwo every synchronized backward
   /// must run in a scale_loss scope with delay_unscale=false (accumulate with no_sync).
-  void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone) { state_->attach(ddp, stage); }
+  ///
+  /// `publish` (ZeRO only; kAtNextForward with kNone is refused): kInStep waits for the all-gather inside step();
+  /// kAtNextForward leaves it in flight until the next model.forward / model.call (see ZeroPublish), so that what
+  /// runs in between overlaps it. The parameters end bit-identical either way.
+  void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone,
+              ZeroPublish publish = ZeroPublish::kInStep) {
+    state_->attach(ddp, stage, publish);
+  }
+  /// ZeroPublish::kAtNextForward: completes the parameter all-gather the last step() left in flight, so that the
+  /// module's parameters hold the stepped values; does nothing when none is pending (and always without ZeRO).
+  /// amp::Model's forward() and call() do this themselves: call it before anything else reads the parameters, e.g.
+  /// an evaluation forward through the raw module or DDP's forward. Not collective. Blocks the host for Gloo; for
+  /// NCCL it orders the current stream after the transfer. A failed all-gather throws here ("ZeRO parameter
+  /// all-gather failed on rank ...").
+  void wait_for_parameters() { state_->wait_for_parameters(); }
   /// Bytes this rank holds for fp32 masters, the optimizer's gradients and its state (ZeRO shards all three).
   HeldBytes held_bytes() const { return state_->held_bytes(); }
   /// Options::fp8: what initialize logged about the model's layers (which run in FP8, which not and why); empty

@@ -62,7 +62,12 @@ constexpr double kLoopBackoffFactor = 0.5;
 constexpr int64_t kLoopGrowthInterval = 2000;
 /// How far the torch.amp peer's final loss may be from our O1 run's (relative) before the run is flagged: both
 /// train the same model from the same weights on the same batches under the same autocast, so anything beyond
-/// rounding-order noise means the comparison is not like for like.
+/// rounding-order noise means the comparison is not like for like. Independent of the CPU's kernels: the peer runs
+/// on the same machine, with our environment (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) and thread count, so both
+/// sides run the same ATen kernels; they differ only where our loop orders fp32 operations differently (scaler,
+/// fused optimizer), which moves each step's rounding (Note [bounds on every CPU kernel path], tests/test_util.h).
+/// Measured 0.00-0.01% apart (RESULTS.md); 2% is one-sided enough to catch other weights, batches or a missing
+/// unscale (a loss off by far more), not tuned to one CPU.
 constexpr double kPeerLossTolerance = 0.02;
 
 struct Config {

@@ -30,7 +30,35 @@ inline bool cuda_available() { return torch::cuda::is_available(); }
     if (!::test_util::cuda_available()) GTEST_SKIP() << "needs a CUDA GPU; none is present"; \
   } while (0)
 
-/// Relative tolerance for results stored in `dtype` after fp32 arithmetic: a couple of ulps of the type.
+// Note [bounds on every CPU kernel path]
+// Which CPU kernels run depends on the machine and on ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA: ATen's at::vec width
+// (DEFAULT and AVX2: 8 fp32 lanes, AVX512: 16; our twins add 16 or 32 per step), FMA or not, and oneDNN's GEMMs and
+// convolutions (native AVX512-BF16 / AMX where the CPU has them, bf16 emulated on AVX512, or AVX2 code). A bound must
+// hold on all of them, so it rests only on what they share:
+// - a bf16 / fp16 GEMM or convolution multiplies exactly, sums in fp32 and rounds once: within
+//   2^-8 |exact| + K 2^-24 sum |a b| (bf16; 2^-11 for fp16) of the fp64 product of its operands. Paths differ only in
+//   the order of the fp32 sum, which moves a result by at most one ulp of the dtype (2^-7 relative for bf16), and
+//   only where the fp32 sum lies near a rounding boundary: another path is another draw of a rounding already
+//   allowed for, never a larger error. One exception: ATen's own bf16 conv2d backward, which runs where oneDNN has no
+//   bf16 (an AVX2-only CPU, or oneDNN capped at AVX2), rounds more than once (about 2 u normwise, not 0.5-0.9): the
+//   bf16 CNN training tests are measured on that path too (docs/testing.md);
+// - an fp32 GEMM stays fp32 (nothing here asks for TF32 or bf16 down-conversion): within K 2^-24 sum |a b|;
+// - an elementwise kernel computes in fp32 and rounds once to the dtype: within rtol_for(dtype) whatever the width
+//   (an FMA changes the fp32 value by at most an fp32 ulp);
+// - a reduction (norm, sum, batch-norm statistics) adds in fp32 lanes whose number depends on the width: at most
+//   (terms per lane) 2^-24 sum |terms| off, and in practice about the square root of that.
+// tests/numerics/check_kernel_paths.py checks the first two and the batch-norm lane model under three settings:
+// native, ATen default + oneDNN AVX2, ATen avx2 + oneDNN AVX512_CORE (the last two without native bf16).
+// (Under ATEN_CPU_CAPABILITY=default, fp32 torch::randn itself differs in the last bits for the same seed: a scalar
+// path instead of the vectorized one every AVX2 machine takes. Replay a failure there under the same setting.)
+// Hence three kinds of bound (docs/testing.md lists every test's): one op against fp64 is bounded by the derivation
+// above; two runs of the same kernels on the same machine differ only by what the two sides do differently (often
+// nothing: bit-for-bit); and a training outcome (a loss, an accuracy, parameters after N steps) is a trajectory that
+// any change of rounding (path, thread count, seed) moves, so its bound is one-sided or covers the measured spread
+// over seeds and kernel settings with a margin.
+
+/// Relative tolerance for results stored in `dtype` after fp32 arithmetic: a couple of ulps of the type (bf16: 4
+/// units of rounding 2^-8, fp16: 4 of 2^-11; Note [bounds on every CPU kernel path]).
 inline double rtol_for(torch::ScalarType dtype) {
   switch (dtype) {
     case torch::kHalf:

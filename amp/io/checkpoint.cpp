@@ -282,6 +282,7 @@ std::function<void()> load_checked_parts(const std::string& path, State& state, 
 }  // namespace
 
 void save_checkpoint(const std::string& path, State& state, const CheckpointExtras& extras) {
+  state.wait_for_parameters();  // Note [deferred publish]: the model as the last step() left it
   std::string extra_names;
   for (const auto& entry : extras) {
     if (!valid_extra_name(entry.first)) {
@@ -326,6 +327,9 @@ void save_checkpoint(const std::string& path, State& state, const CheckpointExtr
 }
 
 void load_checkpoint(const std::string& path, State& state, CheckpointExtras* extras) {
+  // Note [deferred publish]: a pending all-gather reads the send buffers the load rewrites and would overwrite the
+  // loaded parameters.
+  state.wait_for_parameters();
   ZeroShard* const zero = state.zero();
   if (is_sharded_index(path)) {
     if (zero == nullptr) {
@@ -524,6 +528,7 @@ void load_sharded(const std::string& path, State& state, ZeroShard& zero, Checkp
 }  // namespace
 
 void save_checkpoint_sharded(const std::string& path, State& state, const CheckpointExtras& extras) {
+  state.wait_for_parameters();  // Note [deferred publish]
   ZeroShard* const zero = state.zero();
   if (zero == nullptr) {
     fail(path,

@@ -56,6 +56,14 @@ class State : public std::enable_shared_from_this<State> {
   const Options& options() const { return options_; }
   const Options::Resolved& policy() const { return policy_; }
   const ForwardPolicy& forward_policy() const { return forward_; }
+  /// amp::Model's forward() and call() run this first: completes a parameter all-gather the last step() left in
+  /// flight (ZeroPublish::kAtNextForward). Without ZeRO it is one pointer test.
+  void before_forward() {
+    if (zero_ != nullptr) wait_for_parameters();
+  }
+  /// Completes a pending ZeRO parameter all-gather into the model parameters (Note [deferred publish]); nothing to do
+  /// when none is pending.
+  void wait_for_parameters();
   const c10::Device& device() const { return device_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   torch::nn::Module& module() { return *module_; }
@@ -69,7 +77,8 @@ class State : public std::enable_shared_from_this<State> {
   void abandon_loss() { active_loss_id_ = -1; }
 
   // Data parallel training (see amp::Optimizer::attach).
-  void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone);
+  void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone,
+              ZeroPublish publish = ZeroPublish::kInStep);
   /// The ZeRO shard (docs/zero.md) when attach() was given a stage, else null.
   ZeroShard* zero() const { return zero_.get(); }
   /// The FP8 state (docs/fp8.md) when the options ask for FP8, else null.

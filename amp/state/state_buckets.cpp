@@ -16,14 +16,19 @@
 
 namespace amp::detail {
 
-void State::attach(ddp::DistributedDataParallel& ddp, ZeroStage stage) {
+void State::attach(ddp::DistributedDataParallel& ddp, ZeroStage stage, ZeroPublish publish) {
   TORCH_CHECK(ddp.module().get() == module_,
               "amp: attach() got a DistributedDataParallel that wraps a different module than the one "
               "amp::initialize prepared; wrap the initialized module itself");
   TORCH_CHECK(zero_ == nullptr,
               "amp: attach() after attach() with a ZeroStage: the optimizer is sharded along that "
               "DistributedDataParallel's buckets; attach once");
-  if (stage != ZeroStage::kNone) zero_ = std::make_unique<ZeroShard>(*this, ddp, stage);
+  TORCH_CHECK(publish == ZeroPublish::kInStep || publish == ZeroPublish::kAtNextForward,
+              "amp: attach(): unknown ZeroPublish ", static_cast<int>(publish));
+  TORCH_CHECK(stage != ZeroStage::kNone || publish == ZeroPublish::kInStep,
+              "amp: attach(ddp, ZeroStage::kNone, ZeroPublish::kAtNextForward): without ZeRO the step updates the "
+              "model parameters itself and there is no all-gather to defer; pass ZeroStage::kOne or kTwo");
+  if (stage != ZeroStage::kNone) zero_ = std::make_unique<ZeroShard>(*this, ddp, stage, publish);
   if (fp8_ != nullptr) fp8_->set_process_group(&ddp.process_group());
   slot_of_.clear();
   bucket_scale_ = at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
@@ -35,6 +40,7 @@ void State::attach(ddp::DistributedDataParallel& ddp, ZeroStage stage) {
 }
 
 bool State::consume_bucket(const ddp::ReducedBucket& bucket) {
+  if (zero_ != nullptr) zero_->check_published("a synchronized backward pass reached DDP's reduced bucket");
   // Outside a scale_loss scope, or accumulating scaled gradients (delay_unscale): a plain average.
   if (active_loss_id_ < 0 || active_delay_unscale_) return false;
   if (zero_ != nullptr) return zero_->consume_bucket(bucket, scaler(active_loss_id_), bucket_scale_);

@@ -76,6 +76,7 @@ void State::load(torch::serialize::InputArchive& archive) {
 }
 
 void State::save_model(torch::serialize::OutputArchive& archive) const {
+  if (zero_ != nullptr) zero_->finish_publish();  // Note [deferred publish]: the model as step() left it
   std::unordered_map<const void*, const ParamSlot*> slot_of;
   for (const auto& slot : slots_) slot_of[slot.model.unsafeGetTensorImpl()] = &slot;
   // ZeRO: every rank's shard of the masters, gathered (collective).
@@ -101,6 +102,8 @@ void State::load_model(torch::serialize::InputArchive& archive) {
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::serialize::InputArchive& archive) {
+  // Note [deferred publish]: a pending all-gather reads the send buffers and would overwrite the loaded parameters.
+  wait_for_parameters();
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, fp32 value)
   std::unordered_map<const void*, const ParamSlot*> slot_of;
   for (const auto& slot : slots_) slot_of[slot.model.unsafeGetTensorImpl()] = &slot;

@@ -15,6 +15,7 @@
 namespace amp::detail {
 
 at::Tensor State::begin_loss(const at::Tensor& loss, int64_t loss_id, bool delay_unscale) {
+  if (zero_ != nullptr) zero_->check_published("scale_loss began");  // Note [deferred publish]
   LossScaler& s = scaler(loss_id);
   if (grads_scaled_) {
     TORCH_CHECK(loss_id == scaled_loss_id_, "scale_loss with loss_id ", loss_id, " while gradients still carry loss ",

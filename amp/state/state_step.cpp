@@ -25,6 +25,10 @@ std::vector<at::Tensor> State::optimizer_grads() const {
   return grads;
 }
 
+void State::wait_for_parameters() {
+  if (zero_ != nullptr) zero_->finish_publish();
+}
+
 at::Tensor State::step(const torch::optim::Optimizer::LossClosure& closure) {
   at::Tensor result;
   if (closure) {  // as torch.optim: evaluated once, with gradients enabled, before the step
@@ -41,6 +45,12 @@ at::Tensor State::step(const torch::optim::Optimizer::LossClosure& closure) {
               device_,
               ": it reads the overflow flag on the host. Use amp::FusedAdam, FusedAdamW or FusedSGD, or step "
               "outside the capture");
+  // Note [deferred publish]: the all-gathers would be waited for outside the graph, at the next forward.
+  TORCH_CHECK(!capturing || zero_ == nullptr || zero_->publish_mode() == ZeroPublish::kInStep,
+              "amp::Optimizer::step() under ZeroPublish::kAtNextForward cannot be captured in a CUDA graph on ",
+              device_,
+              ": the parameter all-gather it starts completes at the next forward, outside the capture. Attach with "
+              "ZeroPublish::kInStep to capture the step");
   // The amaxes were reduced and checked at the end of the step's unscaling scope; a step without one does it here.
   if (fp8_ != nullptr && !fp8_->reduced()) fp8_->reduce_and_check(step_found_inf_);
   if (fused_ != nullptr) {

@@ -20,6 +20,23 @@ enum class ZeroStage {
   kTwo = 2,
 };
 
+/// When the all-gather that brings every rank's updated slices into the model parameters after a ZeRO step
+/// completes (Note [pipelined publish], Note [deferred publish] in amp/zero/zero_publish.cpp; docs/zero.md). Either way the
+/// parameters end bit-identical; only where the wait happens differs.
+enum class ZeroPublish {
+  /// step() starts the all-gathers and waits for them before it returns: the parameters are current as soon as
+  /// step() returns.
+  kInStep = 0,
+  /// step() starts the all-gathers and returns; they complete (each bucket waited for and copied into the model) at
+  /// the next amp::Model::forward / call, or earlier in Optimizer::wait_for_parameters(), the next step() and
+  /// checkpoint calls. What runs between step() and the next forward (data loading, zero_grad, logging) overlaps the
+  /// transfer, as DeepSpeed's overlap_comm and FSDP's forward prefetch do. Until then the module's parameters hold the
+  /// previous step's values: a forward through the raw module (not through amp::Model) must call
+  /// wait_for_parameters() first, and a scale_loss scope that begins while the all-gather is still pending throws.
+  /// The all-gather buffers (the whole model in its parameter dtypes) stay allocated until the wait.
+  kAtNextForward = 1,
+};
+
 /// Bytes of tensor storage the optimizer side of amp holds on this rank (each storage counted once): what ZeRO
 /// shards. The model's own parameters, DDP's buckets and the transient all-gather buffer are not counted.
 struct HeldBytes {

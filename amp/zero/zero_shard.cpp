@@ -36,8 +36,8 @@ int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
 
 int64_t held_storage_bytes(const std::vector<at::Tensor>& tensors) { return storage_bytes(tensors); }
 
-ZeroShard::ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage stage)
-    : state_(state), pg_(ddp.process_group()), stage_(stage) {
+ZeroShard::ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage stage, ZeroPublish publish)
+    : state_(state), pg_(ddp.process_group()), stage_(stage), publish_mode_(publish) {
   TORCH_CHECK(stage == ZeroStage::kOne || stage == ZeroStage::kTwo, "ZeRO: unknown stage ", static_cast<int>(stage));
   TORCH_CHECK(state.fused_ != nullptr,
               "amp: ZeRO needs one of amp's fused optimizers (amp::FusedAdam, FusedAdamW or FusedSGD), which step "
@@ -249,48 +249,6 @@ void ZeroShard::end_loss(LossScaler& scaler, bool reduce_flag) {
   if (!reduce_flag) return;
   at::Tensor flag = scaler.found_inf();
   pg_.allreduce_max_(flag, "ZeRO overflow flag allreduce");
-}
-
-void ZeroShard::step(FusedOptimizer& fused, const at::Tensor& found_inf) {
-  std::vector<at::Tensor> outs;
-  outs.reserve(step_order_.size());
-  for (size_t i : step_order_) outs.push_back(pieces_[i].out);
-  fused.fused_step(outs, found_inf);
-  publish();
-}
-
-void ZeroShard::publish() {
-  // Note [pipelined publish]: one all-gather per bucket, all started at once (Gloo runs them on its own threads,
-  // NCCL on its stream), and each bucket's values copied into the model as soon as its gather is done, while the
-  // later buckets are still on the wire. The copies are the same element copies as one gather of everything: the
-  // model ends bit-identical.
-  at::NoGradGuard no_grad;
-  const int64_t world = pg_.size();
-  std::vector<at::Tensor> gathered(publish_.size());
-  std::vector<c10::intrusive_ptr<c10d::Work>> works(publish_.size());
-  for (size_t b = 0; b < publish_.size(); ++b) {
-    const PublishRange& r = publish_[b];
-    at::Tensor mine = send_[r.dtype].narrow(0, r.send_begin, r.chunk);
-    gathered[b] = at::empty({r.chunk * world}, mine.options());
-    if (world == 1) {
-      gathered[b].copy_(mine);
-    } else {
-      works[b] = pg_.allgather_into_async(gathered[b], mine);
-    }
-  }
-  for (size_t b = 0; b < publish_.size(); ++b) {
-    const PublishRange& r = publish_[b];
-    if (works[b]) pg_.wait(works[b], "ZeRO parameter all-gather");
-    std::vector<at::Tensor> src, dst;
-    for (size_t i = r.pieces_begin; i < r.pieces_end; ++i) {
-      const Piece& p = pieces_[i];
-      src.push_back(gathered[b].narrow(0, p.rank * r.chunk + p.send_offset - r.send_begin, p.numel));
-      dst.push_back(
-          state_.slots_[static_cast<size_t>(p.slot)].model.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
-    }
-    if (!src.empty()) kernels::scaled_copy_(src, dst, 1.0);
-    gathered[b] = at::Tensor();  // the bucket's receive buffer is free before the next one is waited for
-  }
 }
 
 std::vector<at::Tensor> ZeroShard::grads() const {

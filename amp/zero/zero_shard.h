@@ -46,9 +46,15 @@ int64_t held_storage_bytes(const std::vector<at::Tensor>& tensors);
 /// chunk, as on the wire), and one all-gather per bucket brings every rank's slices into every model parameter.
 class ZeroShard {
  public:
-  ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage stage);
+  ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage stage,
+            ZeroPublish publish = ZeroPublish::kInStep);
+  /// Completes a pending publish into the model, which may outlive the optimizer (a failure becomes a warning).
+  ~ZeroShard();
+  ZeroShard(const ZeroShard&) = delete;
+  ZeroShard& operator=(const ZeroShard&) = delete;
 
   ZeroStage stage() const { return stage_; }
+  ZeroPublish publish_mode() const { return publish_mode_; }
   /// Unscales this rank's slice of a reduced bucket into the shard's master gradients and frees the bucket's model
   /// gradients; false outside a scope that unscales (stage 1: DDP writes the average back; stage 2: DDP refuses).
   bool consume_bucket(const ddp::ReducedBucket& bucket, LossScaler& scaler, at::Tensor& bucket_scale);
@@ -57,7 +63,8 @@ class ZeroShard {
   /// allreduce; reduce_flag false: the caller reduces it in a collective of its own). Collective.
   void end_loss(LossScaler& scaler, bool reduce_flag = true);
   /// The optimizer's step on the shard (skipped on the device when found_inf is set), then the all-gather of every
-  /// rank's updated slices into the model parameters. Collective.
+  /// rank's updated slices into the model parameters: completed here under ZeroPublish::kInStep, left pending under
+  /// kAtNextForward (Note [deferred publish]). A publish still pending from the last step completes first. Collective.
   void step(FusedOptimizer& fused, const at::Tensor& found_inf);
   /// The shard's gradients the optimizer will read (pieces that received one).
   std::vector<at::Tensor> grads() const;
@@ -97,8 +104,21 @@ class ZeroShard {
   /// master_copies) and returns the optimizer's archive of this rank's pieces (as shard_optimizer_archive).
   std::string finish_shard_load(const ShardLoad& load, std::vector<std::pair<at::Tensor, at::Tensor>>& copies) const;
   /// All-gathers every rank's send buffer into the model parameters (the second half of step()), bucket by bucket,
-  /// copying each bucket as soon as it arrives (Note [pipelined publish]). Collective.
+  /// copying each bucket as soon as it arrives (Note [pipelined publish]), and returns when all are copied, whatever
+  /// the publish mode (a pending publish completes first). Collective.
   void publish();
+  /// The two halves of publish(). start_publish: starts one all-gather per bucket from the send buffers, which
+  /// must then stay untouched until finish_publish; needs none pending. Collective. finish_publish: waits for each
+  /// bucket's all-gather in order and copies it into the model parameters, freeing its buffer; nothing to do when
+  /// none is pending. A failed all-gather throws (pg.wait's error) and leaves none pending. Not collective.
+  void start_publish();
+  void finish_publish();
+  bool publish_pending() const { return !pending_works_.empty(); }
+  /// Throws, saying that the forward pass ran on the previous step's parameters, when a publish is pending (Note
+  /// [deferred publish]): `what` says what found it ("scale_loss began").
+  void check_published(const char* what) const {
+    if (publish_pending()) fail_pending(what);
+  }
   /// Rank 0's `value` on every rank (one broadcast). Collective.
   int64_t broadcast_from_root(int64_t value) const;
   /// How many ranks pass ok = false (one allreduce): every rank takes the same decision. Collective.
@@ -128,6 +148,7 @@ class ZeroShard {
   at::Tensor gather_chunks(int64_t width, const std::function<void(const Piece&, int64_t, at::Tensor)>& fill) const;
   /// Where piece p's first element lies in its rank's chunk-layout buffer.
   int64_t chunk_position(const Piece& p) const;
+  [[noreturn]] void fail_pending(const char* what) const;
   /// Writes `src` (unscaled by `scale`, checked) into the pieces' gradients (added where they already hold one).
   void accumulate(const std::vector<size_t>& pieces, const std::vector<at::Tensor>& src, const at::Tensor& scale,
                   LossScaler& scaler);
@@ -135,6 +156,7 @@ class ZeroShard {
   State& state_;
   ddp::ProcessGroup pg_;
   ZeroStage stage_;
+  ZeroPublish publish_mode_;
   std::vector<ddp::BucketShards> shards_;       // per bucket
   std::vector<std::vector<size_t>> my_pieces_;  // per bucket: indices into pieces_ of this rank's pieces
   std::vector<Piece> pieces_;                   // every rank's, bucket by bucket, rank by rank
@@ -151,6 +173,9 @@ class ZeroShard {
   std::vector<int64_t> chunk_offset_;         // per bucket: where its chunk starts in a rank's all-dtype gather
   int64_t chunk_total_ = 0;                   // the sum of every bucket's chunk
   std::vector<int64_t> slot_index_in_group_;  // per slot: its position in its param group without ZeRO
+  // Note [deferred publish]: between start_publish and finish_publish, per bucket (empty when none is pending).
+  std::vector<at::Tensor> pending_gathered_;                   // every rank's chunks of the bucket
+  std::vector<c10::intrusive_ptr<c10d::Work>> pending_works_;  // null where nothing travels (one rank)
 };
 
 }  // namespace detail

@@ -1,6 +1,7 @@
 #include <amp/amp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -120,16 +121,36 @@ TEST(InitializeTest, O3CastsEverythingToHalf) {
 
 // O2 (bf16 model, fp32 masters) tracks fp32 training over 100 steps: the two loss curves stay within bf16
 // tolerance of each other while both learn.
+// Note [O2 training margins]
+// A training outcome (Note [bounds on every CPU kernel path], tests/test_util.h): the gap between the curves is the
+// bf16 rounding of the model (weights, activations, gradients: 2^-8 each) carried along 100 steps, and another
+// kernel path, thread count or seed only rounds differently. So the bounds cover the gap's spread over seeds and
+// kernel settings, measured with LTA_O2_TRAINING_SEED (the test prints both gaps) on 2026-12-03, 2-core Intel Xeon VM,
+// seeds 1-5 and 7-21, each natively (AVX512, AMX), under ATen default + oneDNN AVX2 and under ATen avx2 + oneDNN
+// AVX512_CORE (60 runs): tail gap (mean of the last 10 losses) 0.0000-0.0091, worst per-step gap 0.019-0.098 (seed 20,
+// default + AVX2; seed 7: 0.051-0.056). The per-step gap divides by a loss that falls 10-30x, so a rounding that is
+// harmless early is a larger fraction late; the old 10% bound sat at the edge of that spread (0.098), so it is now
+// 20%, twice the worst measured, and the tail stays at 5%, five times its worst. What they catch is an O2 that does
+// not train like fp32 (an update lost or not unscaled changes the tail loss by far more than 5%), not its rounding.
+constexpr double kO2TailGap = 0.05;
+constexpr double kO2StepGap = 0.2;
+
+uint64_t o2_training_seed() {
+  const char* env = std::getenv("LTA_O2_TRAINING_SEED");
+  return env != nullptr && *env != '\0' ? std::stoull(env) : 7;
+}
+
 TEST(InitializeTest, O2TrainingFollowsFp32Training) {
-  Net fp32_net = make_net(7);
-  Net amp_net = make_net(7);
+  const uint64_t seed = o2_training_seed();  // 7: the data below are those the test always used
+  Net fp32_net = make_net(seed);
+  Net amp_net = make_net(seed);
   torch::optim::SGD fp32_sgd(fp32_net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD amp_sgd(amp_net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   auto [model, optimizer] = amp::initialize(amp_net, amp_sgd, cpu_options(OptLevel::O2));
-  const auto target = torch::randn({4, 4}, at::make_generator<at::CPUGeneratorImpl>(99));
+  const auto target = torch::randn({4, 4}, at::make_generator<at::CPUGeneratorImpl>(92 + seed));
   std::vector<double> fp32_curve, amp_curve;
   for (int step = 0; step < 100; ++step) {
-    const auto x = batch(32, 1000 + step);
+    const auto x = batch(32, 1000 * (seed - 6) + static_cast<uint64_t>(step));
     const auto y = torch::mm(x.narrow(1, 0, 4), target);
     fp32_sgd.zero_grad();
     auto l32 = torch::mse_loss(fp32_net->forward(x), y);
@@ -151,12 +172,16 @@ TEST(InitializeTest, O2TrainingFollowsFp32Training) {
     return sum / 10;
   };
   EXPECT_LT(tail_mean(fp32_curve), 0.5 * fp32_curve.front()) << "the fp32 reference should have learned";
-  EXPECT_NEAR(tail_mean(amp_curve), tail_mean(fp32_curve), 0.05 * tail_mean(fp32_curve));
+  EXPECT_NEAR(tail_mean(amp_curve), tail_mean(fp32_curve), kO2TailGap * tail_mean(fp32_curve));
   double worst = 0;
   for (size_t i = 0; i < fp32_curve.size(); ++i) {
     worst = std::max(worst, std::abs(amp_curve[i] - fp32_curve[i]) / fp32_curve[i]);
   }
-  EXPECT_LT(worst, 0.1) << "largest relative gap between the two loss curves";
+  EXPECT_LT(worst, kO2StepGap) << "largest relative gap between the two loss curves";
+  std::printf("O2 vs fp32, seed %llu: tail gap %.4f (bound %.2f), worst per-step gap %.4f (bound %.2f), fp32 loss "
+              "%.4f -> %.4f\n",
+              static_cast<unsigned long long>(seed), std::abs(tail_mean(amp_curve) / tail_mean(fp32_curve) - 1),
+              kO2TailGap, worst, kO2StepGap, fp32_curve.front(), tail_mean(fp32_curve));
 }
 
 // A gradient with an inf makes step() skip: parameters, masters and optimizer state stay bit-identical, and the
@@ -222,7 +247,9 @@ TEST(InitializeTest, DelayedUnscaleAccumulationEqualsOneBigBatch) {
   const auto accumulated = run(true);
   const auto big = run(false);
   for (size_t i = 0; i < big.size(); ++i) {
-    // Autocast computes in bf16 (relative precision 2^-8): compare within that, scaled to the gradient's size.
+    // Autocast computes in bf16 (relative precision 2^-8): compare within that, scaled to the gradient's size. Both
+    // runs use the same kernels; the split rounds each half-batch's weight gradient to bf16 before the sum, the whole
+    // batch once: 2-3 roundings of 2^-8, under 1e-2 on any kernel path (Note [bounds on every CPU kernel path]).
     const double atol = 1e-2 * big[i].abs().max().item<double>();
     EXPECT_TRUE(torch::allclose(accumulated[i], big[i], 1e-2, atol))
         << "gradient " << i << " max abs diff " << (accumulated[i] - big[i]).abs().max().item<double>() << " of max "
@@ -251,6 +278,9 @@ TEST(InitializeTest, TwoLossesKeepSeparateScalesAndSumTheirGradients) {
   Net ref_net = make_net(2);
   ref_net->eval();
   ref_net->forward(x).sum().mul(3).backward();
+  // bf16 model (O2) against fp32: the activations and the bf16 weights are each rounded once (2^-8), and the
+  // gradient of fc2.weight is a sum over 4 rows of products of them: a few 2^-8, far inside 5e-2 (12 units) on any
+  // kernel path (Note [bounds on every CPU kernel path]). A lost scale or a missing loss is off by 1/3 or more.
   EXPECT_TRUE(torch::allclose(master.grad(), ref_net->fc2->weight.grad(), 5e-2, 5e-2));
   // Now overflow only loss 1: its scale backs off, loss 0's does not.
   optimizer.step();

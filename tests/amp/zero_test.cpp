@@ -167,13 +167,7 @@ double max_relative_difference(const std::vector<torch::Tensor>& a, const std::v
   return worst;
 }
 
-bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
+using zero_test::bit_identical;
 
 /// Every rank's copy of `tensors` equals rank 0's, bit for bit.
 bool same_on_every_rank(const ddp::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors) {

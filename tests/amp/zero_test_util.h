@@ -1,6 +1,6 @@
 #pragma once
 
-// What the ZeRO tests (zero_test.cpp, zero_cuda_test.cpp) read from a trained run.
+// What the ZeRO tests (zero_test.cpp, zero_publish_test.cpp, zero_cuda_test.cpp) read from a trained run and compare.
 
 #include <vector>
 
@@ -25,6 +25,15 @@ inline std::vector<torch::Tensor> parameters_of(const torch::nn::Module& net) {
   std::vector<torch::Tensor> out;
   for (const auto& p : net.parameters()) out.push_back(p.detach().clone());
   return out;
+}
+
+/// Same count, and each tensor equal to its counterpart bit for bit (dtype and shape included).
+inline bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
 }
 
 }  // namespace zero_test

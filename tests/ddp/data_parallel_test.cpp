@@ -66,6 +66,8 @@ TEST(DataParallelTest, TwoReplicasGiveTheModulesOutputAndFullBatchGradients) {
     torch::mse_loss(reference->forward(x), y).backward();
     ddp::DataParallel<NetImpl> dp(net, ddp::DataParallelOptions().devices(kTwoCpuReplicas));
     const torch::Tensor out = dp.forward(x);
+    // fp32: each output row is the same GEMM row on a chunk or the whole batch (a few 2^-24 at most, whatever the
+    // kernel path); the gradients are fp32 sums over the batch in another order: 1e-5.
     EXPECT_TRUE(torch::allclose(out, reference->forward(x), 1e-6, 1e-6)) << "batch " << batch;
     torch::mse_loss(out, y).backward();
     const auto expected = grads_of(*reference), actual = grads_of(*net);

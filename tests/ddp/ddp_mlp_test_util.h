@@ -73,6 +73,10 @@ inline std::vector<torch::Tensor> reference_grads(uint64_t seed, const Data& dat
   return grads_of(*ref);
 }
 
+/// Throws unless every tensor is allclose(rtol, atol). The fp32 bounds (1e-5, atol 1e-6): sharded and full-batch
+/// gradients are fp32 GEMM sums over the batch in another order (per shard, then the allreduce), whose error is a few
+/// 2^-24 of sum |terms| on any kernel path (Note [bounds on every CPU kernel path], tests/test_util.h): ~1e-7 for
+/// these small sums, bounded a hundred times higher; a gradient lost or counted twice is off by O(1).
 inline void check_close(const std::vector<torch::Tensor>& actual, const std::vector<torch::Tensor>& expected,
                         double rtol, double atol, const std::string& what) {
   TORCH_CHECK(actual.size() == expected.size(), what, ": ", actual.size(), " tensors vs ", expected.size());

@@ -141,6 +141,12 @@ void check_case(const Case& c, uint64_t seed, int rank, const ddp::ProcessGroup&
   // the output and input gradient are fp32 results rounded once to the dtype, so they are within one unit of
   // relative rounding (2^-10 for fp16, 2^-7 for bf16) of the exact value; statistics and parameter gradients stay
   // fp32 sums of exactly converted values: fp32's bound, loosened for the longer sums.
+  // Kernel paths (Note [bounds on every CPU kernel path], tests/test_util.h): the CPU sums are our batch-norm twins,
+  // 16 fp32 lanes under DEFAULT and AVX2, 32 under AVX512, lanes and chunks added in fp64 (Note [batch-norm twin
+  // sums]); the statistics' sums (positive terms, mean 5) are then within ~2e-6 relative on any width, and the output
+  // is an fp32 value rounded once. tests/numerics/check_kernel_paths.py runs the twins' lane model at 16 and 32 lanes
+  // on the largest case below against these bounds (worst draw: see docs/testing.md); CI reruns this test under ATen's
+  // default vectors (numerics.sync_batch_norm_under_other_kernels).
   const bool half = c.dtype != torch::kFloat;
   const double out_rtol = c.dtype == torch::kHalf ? 1.0 / 1024 : (c.dtype == torch::kBFloat16 ? 1.0 / 128 : 1e-5);
   const double out_atol = half ? out_rtol * 1e-2 : 1e-6;
@@ -269,6 +275,7 @@ TEST(SyncBatchNormTest, WorldSizeOneIsBatchNormBitForBit) {
         const auto yb = sync->forward(xb);
         ya.pow(2).sum().backward();
         yb.pow(2).sum().backward();
+        // Exact on any kernel path: at world size 1 both sides run ATen's own batch_norm on the same input.
         TORCH_CHECK(torch::equal(ya, yb) && torch::equal(xa.grad(), xb.grad()),
                     "world size 1: output or input "
                     "gradient differs from BatchNorm");
