@@ -17,7 +17,8 @@ class OutputArchive;
 
 namespace amp {
 
-/// Settings of one loss scaler (see Options and Note [loss-scale state machine] in kernels/multi_tensor/loss_scale_rule.h).
+/// Settings of one loss scaler (see Options and Note [loss-scale state machine] in
+/// kernels/multi_tensor/loss_scale_rule.h).
 struct LossScalerConfig {
   bool dynamic = true;
   double static_scale = 1.0;  // the scale when !dynamic

@@ -16,8 +16,8 @@
 
 #include <amp/amp.h>
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/process_group.h>
 #include <ddp/launch/spawn.h>
+#include <ddp/process_group.h>
 
 #include "common/timing.h"
 

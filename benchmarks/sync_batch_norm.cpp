@@ -17,8 +17,8 @@
 #include <amp/amp.h>
 #include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/process_group.h>
 #include <ddp/launch/spawn.h>
+#include <ddp/process_group.h>
 #include <ddp/sync_batch_norm.h>
 
 #include "common/small_cnn.h"

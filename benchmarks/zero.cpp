@@ -30,9 +30,9 @@
 #include <amp/amp.h>
 #include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/launch/spawn.h>
 #include <ddp/process_group.h>
 #include <ddp/shard_layout.h>
-#include <ddp/launch/spawn.h>
 
 #include "common/timing.h"
 

@@ -67,7 +67,8 @@ std::vector<PointerLists<kDepth>> group_lists(const std::array<at::TensorList, k
 }
 
 /// The int32 pointer of an optional first-non-finite index tensor (see Note [first non-finite index] in
-/// kernels/multi_tensor/unscale.h): nullptr when `index` is undefined, else it must be a 1-element int32 tensor on `device`.
+/// kernels/multi_tensor/unscale.h): nullptr when `index` is undefined, else it must be a 1-element int32 tensor on
+/// `device`.
 int32_t* optional_index_tensor(const at::Tensor& index, const char* arg_name, const c10::Device& device);
 
 /// Adds `offset` to every original index of `groups` (callers that split one logical list into several calls).

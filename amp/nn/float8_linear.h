@@ -2,7 +2,8 @@
 
 // FP8 training for LibTorch: amp::Float8Linear, a drop-in torch::nn::Linear whose three GEMMs (forward, input
 // gradient, weight gradient) run in FP8 through at::_scaled_mm, with Transformer Engine's delayed scaling or
-// current scaling per tensor. See docs/fp8.md; the scaling rules are Note [FP8 scaling rules] (kernels/gemm/fp8_rule.h).
+// current scaling per tensor. See docs/fp8.md; the scaling rules are Note [FP8 scaling rules]
+// (kernels/gemm/fp8_rule.h).
 
 #include <cstdint>
 #include <optional>

@@ -54,10 +54,11 @@ struct FusedSgdOptions : public torch::optim::OptimizerCloneableOptions<FusedSgd
   void set_lr(const double lr) override { this->lr(lr); }
 };
 
-/// Adam / AdamW / SGD whose whole step is one fused multi-tensor pass per dtype group (kernels/optim/fused_optimizers.h),
-/// usable like any torch::optim optimizer. Under amp::initialize they skip an overflowing step on the device
-/// (no host sync) and, with master weights, write the half model parameters in the same pass. The step counts
-/// and the learning rate live on the device; step() writes the device lr only when the group's host lr changed.
+/// Adam / AdamW / SGD whose whole step is one fused multi-tensor pass per dtype group
+/// (kernels/optim/fused_optimizers.h), usable like any torch::optim optimizer. Under amp::initialize they skip an
+/// overflowing step on the device (no host sync) and, with master weights, write the half model parameters in the same
+/// pass. The step counts and the learning rate live on the device; step() writes the device lr only when the group's
+/// host lr changed.
 ///
 /// State is kept per parameter with torch.optim's semantics: a parameter with no gradient (grad undefined, as
 /// zero_grad() leaves it) is not stepped and its state is neither created nor advanced. Its state is created at

@@ -21,8 +21,8 @@ enum class ZeroStage {
 };
 
 /// When the all-gather that brings every rank's updated slices into the model parameters after a ZeRO step
-/// completes (Note [pipelined publish], Note [deferred publish] in amp/zero/zero_publish.cpp; docs/zero.md). Either way the
-/// parameters end bit-identical; only where the wait happens differs.
+/// completes (Note [pipelined publish], Note [deferred publish] in amp/zero/zero_publish.cpp; docs/zero.md). Either way
+/// the parameters end bit-identical; only where the wait happens differs.
 enum class ZeroPublish {
   /// step() starts the all-gathers and waits for them before it returns: the parameters are current as soon as
   /// step() returns.

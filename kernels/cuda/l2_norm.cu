@@ -1,14 +1,14 @@
-#include <kernels/optim/clip_rule.h>
 #include <kernels/cpu/chunks.h>
 #include <kernels/cuda/l2_norm_cuda.h>
+#include <kernels/optim/clip_rule.h>
 #include <kernels/cuda/multi_tensor_apply.cuh>
 #include <kernels/cuda/vector_access.cuh>
 
 namespace kernels::cuda {
 namespace {
 
-// kernels/multi_tensor/l2_norm.cpp sizes the slot table with cpu::kChunkElements; the launcher's block_chunk must count the
-// same chunks.
+// kernels/multi_tensor/l2_norm.cpp sizes the slot table with cpu::kChunkElements; the launcher's block_chunk must count
+// the same chunks.
 static_assert(kChunkElements == cpu::kChunkElements, "CUDA and CPU chunks must match the slot table");
 
 constexpr int kWarpThreads = 32;

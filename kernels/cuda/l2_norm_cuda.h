@@ -8,8 +8,8 @@
 
 namespace kernels::cuda {
 
-// Stage 1 and 2 of Note [deterministic two-stage norm] (kernels/multi_tensor/l2_norm.h). slot_base has one entry per tensor
-// of the caller's original list plus one: tensor i owns workspace slots [slot_base[i], slot_base[i + 1]), one
+// Stage 1 and 2 of Note [deterministic two-stage norm] (kernels/multi_tensor/l2_norm.h). slot_base has one entry per
+// tensor of the caller's original list plus one: tensor i owns workspace slots [slot_base[i], slot_base[i + 1]), one
 // per kChunkElements-element chunk. All pointers are device pointers; everything runs on `stream`, no host sync.
 
 /// Copies the host slot table host_table[0, num_entries) to the device array slot_base, passing the values in

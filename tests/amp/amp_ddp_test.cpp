@@ -9,8 +9,8 @@
 #include <amp/amp.h>
 #include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/process_group.h>
 #include <ddp/launch/spawn.h>
+#include <ddp/process_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include <amp/amp.h>
-#include <amp/optim/fused_optimizers.h>
 #include <amp/grad_scaler.h>
+#include <amp/optim/fused_optimizers.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

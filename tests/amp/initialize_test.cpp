@@ -178,10 +178,11 @@ TEST(InitializeTest, O2TrainingFollowsFp32Training) {
     worst = std::max(worst, std::abs(amp_curve[i] - fp32_curve[i]) / fp32_curve[i]);
   }
   EXPECT_LT(worst, kO2StepGap) << "largest relative gap between the two loss curves";
-  std::printf("O2 vs fp32, seed %llu: tail gap %.4f (bound %.2f), worst per-step gap %.4f (bound %.2f), fp32 loss "
-              "%.4f -> %.4f\n",
-              static_cast<unsigned long long>(seed), std::abs(tail_mean(amp_curve) / tail_mean(fp32_curve) - 1),
-              kO2TailGap, worst, kO2StepGap, fp32_curve.front(), tail_mean(fp32_curve));
+  std::printf(
+      "O2 vs fp32, seed %llu: tail gap %.4f (bound %.2f), worst per-step gap %.4f (bound %.2f), fp32 loss "
+      "%.4f -> %.4f\n",
+      static_cast<unsigned long long>(seed), std::abs(tail_mean(amp_curve) / tail_mean(fp32_curve) - 1), kO2TailGap,
+      worst, kO2StepGap, fp32_curve.front(), tail_mean(fp32_curve));
 }
 
 // A gradient with an inf makes step() skip: parameters, masters and optimizer state stay bit-identical, and the

@@ -1,5 +1,5 @@
-// keep_layernorm_fp32 (Note [kept norms under a model cast] in amp/state/model_cast.h): the norm ops must get weights in
-// the dtype of their half input (CUDA's layer_norm and group_norm require it; CPU's accept a mix, so the dtypes are
+// keep_layernorm_fp32 (Note [kept norms under a model cast] in amp/state/model_cast.h): the norm ops must get weights
+// in the dtype of their half input (CUDA's layer_norm and group_norm require it; CPU's accept a mix, so the dtypes are
 // checked where they reach the op), while the parameters, gradients and updates stay fp32.
 
 #include <vector>

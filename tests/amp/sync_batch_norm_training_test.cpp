@@ -11,8 +11,8 @@
 
 #include <amp/amp.h>
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/process_group.h>
 #include <ddp/launch/spawn.h>
+#include <ddp/process_group.h>
 #include <ddp/sync_batch_norm.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -13,8 +13,8 @@
 #include <amp/optim/fused_optimizers.h>
 #include <amp/zero/zero_shard.h>
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/process_group.h>
 #include <ddp/launch/worker_group.h>
+#include <ddp/process_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

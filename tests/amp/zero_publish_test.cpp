@@ -2,6 +2,7 @@
 // parameter all-gather a step starts completes at the next forward through amp::Model, the run ends bit-identical to
 // the in-step publish, and a forward that bypasses amp::Model is refused at the next scale_loss. Gloo on CPU, forked
 // ranks.
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -90,6 +91,25 @@ struct Training {
   std::vector<torch::Tensor> parameters() { return zero_test::parameters_of(*net); }
 };
 
+/// Runs `check(rank, stage, deferred, in_step)` on 2 Gloo ranks for stages 1 and 2, after `steps` training steps of a
+/// deferred-publish run and an in-step run side by side.
+void after_steps_side_by_side(int steps, const std::function<void(int, int, Training&, Training&)>& check) {
+  for (const int stage : {1, 2}) {
+    ddp_test::run_ranks(
+        [&](int rank, const ddp::ProcessGroup& pg) {
+          const auto zero_stage = static_cast<amp::ZeroStage>(stage);
+          Training deferred(pg, zero_stage, amp::ZeroPublish::kAtNextForward);
+          Training in_step(pg, zero_stage, amp::ZeroPublish::kInStep);
+          for (int s = 0; s < steps; ++s) {
+            deferred.train_step(s);
+            in_step.train_step(s);
+          }
+          check(rank, stage, deferred, in_step);
+        },
+        2);
+  }
+}
+
 const char* publish_name(amp::ZeroPublish publish) {
   return publish == amp::ZeroPublish::kInStep ? "in-step" : "at-next-forward";
 }
@@ -147,87 +167,65 @@ TEST(ZeroPublishTest, DeferredPublishEndsBitIdenticalToInStepThroughASkippedStep
 
 TEST(ZeroPublishTest, AForwardThatBypassesAmpModelAfterADeferredStepIsRefusedAtTheNextScaleLoss) {
   LTA_REQUIRE_GLOO();
-  for (const int stage : {1, 2}) {
-    ddp_test::run_ranks(
-        [&](int rank, const ddp::ProcessGroup& pg) {
-          const auto zero_stage = static_cast<amp::ZeroStage>(stage);
-          Training deferred(pg, zero_stage, amp::ZeroPublish::kAtNextForward);
-          Training in_step(pg, zero_stage, amp::ZeroPublish::kInStep);
-          for (int s = 0; s < 2; ++s) {
-            deferred.train_step(s);
-            in_step.train_step(s);
-          }
-          // The forward went through DDP's module, not amp::Model: it ran on the previous step's parameters.
-          const torch::Tensor x = batch(rank, 2).x;
-          const torch::Tensor stale = deferred.raw_forward(x).pow(2).mean();
-          std::string message = ddp_test::error_of([&] {
-            auto scaled = amp::scale_loss(stale, deferred.optimizer());
-            scaled.backward();
-          });
-          TORCH_CHECK(ddp_test::contains_all(message, {"scale_loss began", "parameter all-gather was still pending",
-                                                       "ZeroPublish::kAtNextForward", "did not go through amp::Model",
-                                                       "optimizer.wait_for_parameters()"}),
-                      "rank ", rank, ", stage ", stage, ": ", message);
-          // A synchronized backward outside a scope meets the same check at DDP's first reduced bucket.
-          message = ddp_test::error_of([&] { deferred.raw_forward(x).pow(2).mean().backward(); });
-          TORCH_CHECK(ddp_test::contains_all(message, {"synchronized backward pass", "still pending", "model.forward"}),
-                      "rank ", rank, ", stage ", stage, ": ", message);
-          // Refused before anything changed: through amp::Model the run goes on as the in-step one.
-          for (int s = 2; s < 4; ++s) {
-            TORCH_CHECK(deferred.train_step(s) == in_step.train_step(s), "rank ", rank, ", stage ", stage,
-                        ": the loss of step ", s, " differs after the refusals");
-          }
-          TORCH_CHECK(bit_identical(deferred.masters(), in_step.masters()), "rank ", rank, ", stage ", stage,
-                      ": masters differ after the refusals");
-        },
-        2);
-  }
+  after_steps_side_by_side(2, [](int rank, int stage, Training& deferred, Training& in_step) {
+    // The forward went through DDP's module, not amp::Model: it ran on the previous step's parameters.
+    const torch::Tensor x = batch(rank, 2).x;
+    const torch::Tensor stale = deferred.raw_forward(x).pow(2).mean();
+    std::string message = ddp_test::error_of([&] {
+      auto scaled = amp::scale_loss(stale, deferred.optimizer());
+      scaled.backward();
+    });
+    TORCH_CHECK(ddp_test::contains_all(message, {"scale_loss began", "parameter all-gather was still pending",
+                                                 "ZeroPublish::kAtNextForward", "did not go through amp::Model",
+                                                 "optimizer.wait_for_parameters()"}),
+                "rank ", rank, ", stage ", stage, ": ", message);
+    // A synchronized backward outside a scope meets the same check at DDP's first reduced bucket.
+    message = ddp_test::error_of([&] { deferred.raw_forward(x).pow(2).mean().backward(); });
+    TORCH_CHECK(ddp_test::contains_all(message, {"synchronized backward pass", "still pending", "model.forward"}),
+                "rank ", rank, ", stage ", stage, ": ", message);
+    // Refused before anything changed: through amp::Model the run goes on as the in-step one.
+    for (int s = 2; s < 4; ++s) {
+      TORCH_CHECK(deferred.train_step(s) == in_step.train_step(s), "rank ", rank, ", stage ", stage,
+                  ": the loss of step ", s, " differs after the refusals");
+    }
+    TORCH_CHECK(bit_identical(deferred.masters(), in_step.masters()), "rank ", rank, ", stage ", stage,
+                ": masters differ after the refusals");
+  });
 }
 
 TEST(ZeroPublishTest, WaitForParametersGivesAForwardThatBypassesAmpModelTheSteppedParameters) {
   LTA_REQUIRE_GLOO();
-  for (const int stage : {1, 2}) {
-    ddp_test::run_ranks(
-        [&](int rank, const ddp::ProcessGroup& pg) {
-          const auto zero_stage = static_cast<amp::ZeroStage>(stage);
-          Training deferred(pg, zero_stage, amp::ZeroPublish::kAtNextForward);
-          Training in_step(pg, zero_stage, amp::ZeroPublish::kInStep);
-          for (int s = 0; s < 3; ++s) {
-            deferred.train_step(s);
-            in_step.train_step(s);
-          }
-          // The caveat: until the wait the module holds the previous step's parameters.
-          TORCH_CHECK(!bit_identical(deferred.parameters(), in_step.parameters()), "rank ", rank, ", stage ", stage,
-                      ": the module held the stepped parameters before the wait (was the publish deferred?)");
-          deferred.optimizer().wait_for_parameters();
-          TORCH_CHECK(bit_identical(deferred.parameters(), in_step.parameters()), "rank ", rank, ", stage ", stage,
-                      ": wait_for_parameters() did not bring the stepped parameters");
-          deferred.optimizer().wait_for_parameters();  // nothing pending: nothing happens
-          // A step driven by forwards that bypass amp::Model, each after the wait, is the in-step run's.
-          for (int s = 3; s < 5; ++s) {
-            const Batch b = batch(rank, s);
-            float losses[2];
-            Training* runs[2] = {&deferred, &in_step};
-            for (int k = 0; k < 2; ++k) {
-              runs[k]->optimizer().wait_for_parameters();
-              runs[k]->optimizer().zero_grad();
-              const torch::Tensor loss = (runs[k]->raw_forward(b.x) - b.y).pow(2).mean();
-              {
-                auto scaled = amp::scale_loss(loss, runs[k]->optimizer());
-                scaled.backward();
-              }
-              runs[k]->optimizer().step();
-              losses[k] = loss.item<float>();
-            }
-            TORCH_CHECK(losses[0] == losses[1], "rank ", rank, ", stage ", stage, ": the loss of step ", s, " differs");
-          }
-          deferred.optimizer().wait_for_parameters();
-          TORCH_CHECK(bit_identical(deferred.masters(), in_step.masters()) &&
-                          bit_identical(deferred.parameters(), in_step.parameters()),
-                      "rank ", rank, ", stage ", stage, ": masters or parameters differ");
-        },
-        2);
-  }
+  after_steps_side_by_side(3, [](int rank, int stage, Training& deferred, Training& in_step) {
+    // The caveat: until the wait the module holds the previous step's parameters.
+    TORCH_CHECK(!bit_identical(deferred.parameters(), in_step.parameters()), "rank ", rank, ", stage ", stage,
+                ": the module held the stepped parameters before the wait (was the publish deferred?)");
+    deferred.optimizer().wait_for_parameters();
+    TORCH_CHECK(bit_identical(deferred.parameters(), in_step.parameters()), "rank ", rank, ", stage ", stage,
+                ": wait_for_parameters() did not bring the stepped parameters");
+    deferred.optimizer().wait_for_parameters();  // nothing pending: nothing happens
+    // A step driven by forwards that bypass amp::Model, each after the wait, is the in-step run's.
+    for (int s = 3; s < 5; ++s) {
+      const Batch b = batch(rank, s);
+      float losses[2];
+      Training* runs[2] = {&deferred, &in_step};
+      for (int k = 0; k < 2; ++k) {
+        runs[k]->optimizer().wait_for_parameters();
+        runs[k]->optimizer().zero_grad();
+        const torch::Tensor loss = (runs[k]->raw_forward(b.x) - b.y).pow(2).mean();
+        {
+          auto scaled = amp::scale_loss(loss, runs[k]->optimizer());
+          scaled.backward();
+        }
+        runs[k]->optimizer().step();
+        losses[k] = loss.item<float>();
+      }
+      TORCH_CHECK(losses[0] == losses[1], "rank ", rank, ", stage ", stage, ": the loss of step ", s, " differs");
+    }
+    deferred.optimizer().wait_for_parameters();
+    TORCH_CHECK(bit_identical(deferred.masters(), in_step.masters()) &&
+                    bit_identical(deferred.parameters(), in_step.parameters()),
+                "rank ", rank, ", stage ", stage, ": masters or parameters differ");
+  });
 }
 
 TEST(ZeroPublishTest, DeferringWithoutZeroIsRefused) {

@@ -5,9 +5,23 @@
 #include <torch/torch.h>
 
 #include <amp/autocast.h>
+// Every forwarding header left at a path that moved (docs/design.md, "Where things are") must still compile from an
+// install tree: nothing inside the project includes them any more.
+#include <amp/archive_error.h>
+#include <amp/atomic_file.h>
+#include <amp/float8_linear.h>
+#include <amp/fp8_recipe.h>
+#include <amp/fused_dense.h>
+#include <amp/fused_optimizers.h>
 #include <amp/optim/fused_optimizers.h>  // a header in a feature folder
-#include <ddp/launch_env.h>               // a forwarding header at a path that moved (to ddp/launch/)
-#include <kernels/multi_tensor_scale.h>   // likewise (to kernels/multi_tensor/)
+#include <amp/zero.h>
+#include <ddp/launch_env.h>  // a forwarding header at a path that moved (to ddp/launch/)
+#include <ddp/spawn.h>
+#include <kernels/fused_optimizers.h>
+#include <kernels/l2_norm.h>
+#include <kernels/multi_tensor_scale.h>  // likewise (to kernels/multi_tensor/)
+#include <kernels/path_autotune.h>
+#include <kernels/unscale.h>
 
 int main() {
   std::vector<torch::Tensor> tensors = {torch::ones({5}), torch::ones({3}, torch::kHalf), torch::ones({0})};

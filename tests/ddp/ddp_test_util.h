@@ -17,8 +17,8 @@
 #include <ATen/Parallel.h>
 #include <c10/core/AutogradState.h>
 #include <c10/util/Exception.h>
-#include <ddp/process_group.h>
 #include <ddp/launch/spawn.h>
+#include <ddp/process_group.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/activation.h>

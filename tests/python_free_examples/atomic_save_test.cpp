@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include <ddp/process_group.h>
 #include <ddp/launch/worker_group.h>
+#include <ddp/process_group.h>
 #include <gtest/gtest.h>
 
 #include "python_free_examples/example_process.h"
