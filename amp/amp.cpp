@@ -6,8 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include <amp/fp8/fp8_state.h>
-#include <amp/zero/zero_shard.h>
-#include <kernels/multi_tensor/l2_norm.h>
 
 namespace amp {
 
@@ -51,8 +49,7 @@ ScaledLoss scale_loss(const at::Tensor& loss, Optimizer& optimizer, int64_t loss
 }
 
 at::Tensor clip_grad_norm_(Optimizer& optimizer, double max_norm) {
-  if (detail::ZeroShard* zero = optimizer.state().zero()) return zero->clip_grad_norm_(max_norm, optimizer.found_inf());
-  return kernels::clip_grad_norm_(optimizer.gradients(), max_norm, optimizer.found_inf());
+  return optimizer.state().clip_grad_norm_(max_norm);  // over every rank's shard under ZeRO
 }
 
 }  // namespace amp

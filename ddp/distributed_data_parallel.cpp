@@ -6,12 +6,12 @@
 
 #include <c10/util/Exception.h>
 
-#include <ddp/model_sync.h>
-#include <ddp/reducer.h>
+#include <ddp/reducer/model_sync.h>
+#include <ddp/reducer/reducer.h>
 
 // The module wrapper: checks and broadcasts the model at construction and its buffers before each forward
-// (ddp/model_sync.h), and hands every gradient to the reducer (ddp/reducer.h: buckets, hooks, launching, the end of
-// backward; gradient sharding in ddp/gradient_sharding.h).
+// (ddp/reducer/model_sync.h), and hands every gradient to the reducer (ddp/reducer/reducer.h: buckets, hooks,
+// launching, the end of backward; gradient sharding in ddp/reducer/gradient_sharding.h).
 
 namespace ddp {
 namespace {

@@ -6,16 +6,19 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include <amp/state/forward_policy.h>
 #include <amp/loss_scaler.h>
 #include <amp/options.h>
+#include <amp/state/forward_policy.h>
+#include <amp/state/gradient_owner.h>
+#include <amp/state/loss_scopes.h>
+#include <amp/state/param_slots.h>
 #include <amp/step_outcome.h>
 #include <amp/zero/zero.h>
 
@@ -33,19 +36,27 @@ namespace detail {
 class ZeroShard;
 class Fp8State;
 
-/// Steps between two overflow log lines (the first overflow is always logged): a line per step would drown
-/// a log whenever the scale is settling.
-inline constexpr int64_t kOverflowLogIntervalSteps = 100;
-
-/// One parameter the optimizer updates: the model's tensor (where autograd writes the gradient) and the
-/// tensor the optimizer holds (its fp32 master, or the model tensor itself when it needs no master).
-struct ParamSlot {
-  std::string name;
-  at::Tensor model;
-  at::Tensor master;
-  bool has_master = false;
+/// The step in progress: what the scale_loss scopes since the last step() found, and the steps so far.
+struct StepProgress {
+  explicit StepProgress(const c10::Device& device);
+  /// A scope unscaled its gradients with `scaler`: the step takes its overflow flag.
+  void add_loss(const LossScaler& scaler);
+  at::Tensor found_inf;                  // 1-element fp32 on the device: the sum of the step's losses' flags
+  bool unscaled = false;                 // a scope unscaled gradients since the last step()
+  int64_t steps = 0;                     // step() calls so far
+  std::unique_ptr<StepOutcome> outcome;  // whether the last step() skipped
 };
 
+/// Note [State's parts]
+/// State is a composition; each part has one job and a narrow interface:
+/// - ParamSlots (param_slots.h): the parameters the optimizer updates and their fp32 masters;
+/// - LossScopes (loss_scopes.h): the loss scalers and the scale_loss protocol's bookkeeping;
+/// - StepProgress (above): the step's overflow flag, step count and outcome;
+/// - a GradientOwner (gradient_owner.h, Note [gradient owner]): where gradients live between backward and step;
+///   ReplicatedGradients by default, ZeroShard after attach() with a ZeroStage;
+/// - Fp8State (amp/fp8/) when the options ask for FP8, ForwardPolicy for the forward pass.
+/// State itself only sequences them: begin_loss / end_loss, step, attach, checkpoints. docs/design.md follows a
+/// gradient through them.
 class State : public std::enable_shared_from_this<State> {
  public:
   State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const Options& options);
@@ -56,49 +67,50 @@ class State : public std::enable_shared_from_this<State> {
   const Options& options() const { return options_; }
   const Options::Resolved& policy() const { return policy_; }
   const ForwardPolicy& forward_policy() const { return forward_; }
-  /// amp::Model's forward() and call() run this first: completes a parameter all-gather the last step() left in
-  /// flight (ZeroPublish::kAtNextForward). Without ZeRO it is one pointer test.
-  void before_forward() {
-    if (zero_ != nullptr) wait_for_parameters();
-  }
+  /// amp::Model's forward() and call() run this first: completes whatever the last step() left in flight (a ZeRO
+  /// parameter all-gather under ZeroPublish::kAtNextForward). One virtual call otherwise.
+  void before_forward() { owner_->wait_for_parameters(); }
   /// Completes a pending ZeRO parameter all-gather into the model parameters (Note [deferred publish]); nothing to do
   /// when none is pending.
-  void wait_for_parameters();
-  const c10::Device& device() const { return device_; }
+  void wait_for_parameters() { owner_->wait_for_parameters(); }
+  const c10::Device& device() const { return slots_.device(); }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   torch::nn::Module& module() { return *module_; }
-  LossScaler& scaler(int64_t loss_id);
-  const std::vector<ParamSlot>& slots() const { return slots_; }
+  LossScaler& scaler(int64_t loss_id) { return losses_.scaler(loss_id); }
+  const ParamSlots& slots() const { return slots_; }
 
   // The scale_loss protocol (see ScaledLoss).
   at::Tensor begin_loss(const at::Tensor& loss, int64_t loss_id, bool delay_unscale);
   void end_loss(int64_t loss_id, bool delay_unscale);
   /// A scale_loss scope left by an exception: no loss is active any more (nothing is unscaled).
-  void abandon_loss() { active_loss_id_ = -1; }
+  void abandon_loss() { losses_.abandon(); }
 
   // Data parallel training (see amp::Optimizer::attach).
   void attach(ddp::DistributedDataParallel& ddp, ZeroStage stage = ZeroStage::kNone,
               ZeroPublish publish = ZeroPublish::kInStep);
-  /// The ZeRO shard (docs/zero.md) when attach() was given a stage, else null.
-  ZeroShard* zero() const { return zero_.get(); }
+  /// The ZeRO shard (docs/zero.md) when attach() was given a stage, else null: for what only a sharded owner does
+  /// (sharded checkpoints).
+  ZeroShard* zero() const { return zero_; }
   /// The FP8 state (docs/fp8.md) when the options ask for FP8, else null.
   Fp8State* fp8() const { return fp8_.get(); }
   /// What the optimizer side holds on this rank (see HeldBytes).
-  HeldBytes held_bytes() const;
+  HeldBytes held_bytes() const { return owner_->held_bytes(); }
   /// Unscales and checks one reduced bucket into the optimizer's gradients; false when no loss that unscales is
   /// being backpropagated (DDP then writes the average back as usual).
-  bool consume_bucket(const ddp::ReducedBucket& bucket);
+  bool consume_bucket(const ddp::ReducedBucket& bucket) { return owner_->consume_bucket(bucket, losses_.unscaling()); }
 
   // The step protocol (see amp::Optimizer).
   at::Tensor step(const torch::optim::Optimizer::LossClosure& closure = nullptr);
   void zero_grad();
   /// Gradients the optimizer will read (master grads where masters exist), for clipping.
-  std::vector<at::Tensor> optimizer_grads() const;
-  const at::Tensor& step_found_inf() const { return step_found_inf_; }
-  StepOutcome& step_outcome() { return *outcome_; }
+  std::vector<at::Tensor> optimizer_grads() const { return owner_->grads(); }
+  /// amp::clip_grad_norm_: over every rank's gradients when they are sharded.
+  at::Tensor clip_grad_norm_(double max_norm) { return owner_->clip_grad_norm_(max_norm, progress_.found_inf); }
+  const at::Tensor& step_found_inf() const { return progress_.found_inf; }
+  StepOutcome& step_outcome() { return *progress_.outcome; }
 
   /// Name of the parameter at slot `index` (what scalers record as the first non-finite index), or "<none>".
-  std::string param_name(int64_t index) const;
+  std::string param_name(int64_t index) const { return slots_.name(index); }
   void set_overflow_logger(std::function<void(const std::string&)> logger) { logger_ = std::move(logger); }
 
   void save(torch::serialize::OutputArchive& archive) const;
@@ -114,40 +126,19 @@ class State : public std::enable_shared_from_this<State> {
   void validate_amp_state(torch::serialize::InputArchive& archive);
 
  private:
-  friend class ZeroShard;
-  void create_master_weights(const std::vector<at::Tensor>& fp32_values);
-  void check_diagnostics();
-
   Options options_;
   Options::Resolved policy_;
   ForwardPolicy forward_;
-  c10::Device device_;
   torch::nn::Module* module_;
   torch::optim::Optimizer* optimizer_;
   FusedOptimizer* fused_;  // the optimizer, when it is one of amp's fused optimizers
-  std::vector<std::unique_ptr<LossScaler>> scalers_;
-  std::vector<ParamSlot> slots_;
-  std::vector<at::Tensor> stash_;  // unscaled grads of direct (masterless) params, kept across losses
-  at::Tensor step_found_inf_;
-  std::unique_ptr<StepOutcome> outcome_;  // whether the last step() skipped
-  bool grads_scaled_ = false;             // a delay_unscale backward left scaled gradients behind
-  int64_t scaled_loss_id_ = -1;           // the loss whose scale those gradients carry
-  bool unscaled_this_step_ = false;
-  int64_t active_loss_id_ = -1;        // the loss of the scale_loss scope being backpropagated, -1 outside one
-  bool active_delay_unscale_ = false;  // that scope's delay_unscale
-  struct ConsumedGrad {  // a masterless gradient consume_bucket unscaled in place during this loss's backward
-    const c10::TensorImpl* grad = nullptr;
-    int64_t version = 0;
-  };
-  std::vector<ConsumedGrad> consumed_direct_;                    // per slot
-  std::unordered_map<const c10::TensorImpl*, int64_t> slot_of_;  // model tensor -> slot, for consume_bucket
-  at::Tensor bucket_scale_;  // consume_bucket's average * inv_scale (1-element fp32 on the device)
-  int64_t steps_ = 0;
-  std::vector<int64_t> last_logged_step_;
-  std::vector<int64_t> overflows_since_log_;
+  ParamSlots slots_;
+  LossScopes losses_;
+  StepProgress progress_;
+  std::unique_ptr<GradientOwner> owner_;
+  ZeroShard* zero_ = nullptr;      // owner_, when it is a ZeroShard
+  std::unique_ptr<Fp8State> fp8_;  // Options::fp8
   std::function<void(const std::string&)> logger_;
-  std::unique_ptr<ZeroShard> zero_;  // attach() with a ZeRO stage
-  std::unique_ptr<Fp8State> fp8_;    // Options::fp8
 };
 
 }  // namespace detail

@@ -4,7 +4,6 @@
 
 #include <sstream>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -13,16 +12,11 @@
 #include <torch/serialize/archive.h>
 
 #include <amp/fp8/fp8_state.h>
-#include <amp/zero/zero_shard.h>
 
 namespace amp::detail {
 
 void State::save(torch::serialize::OutputArchive& archive) const {
-  for (size_t id = 0; id < scalers_.size(); ++id) {
-    torch::serialize::OutputArchive sub;
-    scalers_[id]->save(sub);
-    archive.write("loss_scaler" + std::to_string(id), sub);
-  }
+  losses_.save(archive);
   const std::string text = options_.to_string();
   if (fp8_ != nullptr) fp8_->save(archive);
   archive.write(
@@ -50,43 +44,26 @@ void State::validate_amp_state(torch::serialize::InputArchive& archive) {
     TORCH_CHECK(false, "amp checkpoint was saved with other options (", differs, "; saved: ", saved,
                 "; current: ", current, "): restore with the same amp::Options");
   }
-  // Load every scaler into a scratch copy: a bad archive throws here, before anything changed.
-  for (size_t id = 0; id < scalers_.size(); ++id) {
-    torch::serialize::InputArchive sub;
-    TORCH_CHECK(archive.try_read("loss_scaler" + std::to_string(id), sub), "amp checkpoint has no loss_scaler", id);
-    LossScaler(scalers_[id]->config(), device_).load(sub);
-  }
+  losses_.validate(archive);
   if (fp8_ != nullptr) fp8_->validate(archive);
 }
 
 void State::load(torch::serialize::InputArchive& archive) {
   validate_amp_state(archive);
-  for (size_t id = 0; id < scalers_.size(); ++id) {
-    torch::serialize::InputArchive sub;
-    archive.try_read("loss_scaler" + std::to_string(id), sub);
-    scalers_[id]->load(sub);
-  }
+  losses_.load(archive);  // also restarts the overflow log's step bookkeeping from the loaded steps
   if (fp8_ != nullptr) fp8_->load(archive);
-  // What this state derived from the old scaler state: the current step's overflow flag and the overflow log's
-  // step bookkeeping (step numbers restart from the loaded ones).
-  step_found_inf_.zero_();
-  unscaled_this_step_ = false;
-  last_logged_step_.assign(scalers_.size(), -kOverflowLogIntervalSteps);
-  overflows_since_log_.assign(scalers_.size(), 0);
+  // What this state derived from the old scaler state: the current step's overflow flag.
+  progress_.found_inf.zero_();
+  progress_.unscaled = false;
 }
 
 void State::save_model(torch::serialize::OutputArchive& archive) const {
-  if (zero_ != nullptr) zero_->finish_publish();  // Note [deferred publish]: the model as step() left it
-  std::unordered_map<const void*, const ParamSlot*> slot_of;
-  for (const auto& slot : slots_) slot_of[slot.model.unsafeGetTensorImpl()] = &slot;
-  // ZeRO: every rank's shard of the masters, gathered (collective).
-  const std::vector<at::Tensor> gathered = zero_ != nullptr ? zero_->full_masters() : std::vector<at::Tensor>();
+  owner_->wait_for_parameters();  // Note [deferred publish]: the model as step() left it
+  // Every slot's fp32 value: its master (ZeRO: every rank's shard gathered, a collective) or its fp32 parameter.
+  const std::vector<at::Tensor> masters = owner_->full_masters();
   for (const auto& p : module_->named_parameters(true)) {
-    auto it = slot_of.find(p.value().unsafeGetTensorImpl());
-    const at::Tensor& value = it == slot_of.end()      ? p.value()
-                              : !gathered.empty()      ? gathered[static_cast<size_t>(it->second - slots_.data())]
-                              : it->second->has_master ? it->second->master
-                                                       : p.value();
+    const int64_t slot = slots_.index_of(p.value());
+    const at::Tensor& value = slot < 0 ? p.value() : masters[static_cast<size_t>(slot)];
     archive.write(p.key(), value.detach().to(at::kFloat).cpu());
   }
   for (const auto& b : module_->named_buffers(true)) {
@@ -105,8 +82,6 @@ std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::
   // Note [deferred publish]: a pending all-gather reads the send buffers and would overwrite the loaded parameters.
   wait_for_parameters();
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, fp32 value)
-  std::unordered_map<const void*, const ParamSlot*> slot_of;
-  for (const auto& slot : slots_) slot_of[slot.model.unsafeGetTensorImpl()] = &slot;
   auto read = [&](const std::string& key, const at::Tensor& dest, bool is_buffer) {
     at::Tensor value;
     TORCH_CHECK(archive.try_read(key, value, is_buffer), "model checkpoint has no '", key, "'");
@@ -114,18 +89,16 @@ std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::
                 " but the model's is ", dest.sizes());
     return value;
   };
-  std::vector<at::Tensor> slot_values(slots_.size());  // ZeRO: each slot's value, for this rank's shard
+  std::vector<at::Tensor> slot_values(slots_.size());  // each slot's value, for the masters the owner keeps
   for (const auto& p : module_->named_parameters(true)) {
     at::Tensor value = read(p.key(), p.value(), false);
     assignments.emplace_back(p.value(), value);
-    auto it = slot_of.find(p.value().unsafeGetTensorImpl());
-    if (it == slot_of.end()) continue;
-    if (it->second->has_master) assignments.emplace_back(it->second->master, value);
-    slot_values[static_cast<size_t>(it->second - slots_.data())] = value.to(at::kFloat);
+    const int64_t slot = slots_.index_of(p.value());
+    if (slot >= 0) slot_values[static_cast<size_t>(slot)] = value.to(at::kFloat);
   }
   for (const auto& b : module_->named_buffers(true))
     assignments.emplace_back(b.value(), read(b.key(), b.value(), true));
-  if (zero_ != nullptr) zero_->master_copies(slot_values, assignments);  // this rank's shard, from the same values
+  owner_->master_copies(slot_values, assignments);  // the masters (ZeRO: this rank's shard), from the same values
   return assignments;
 }
 

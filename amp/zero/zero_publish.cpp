@@ -13,7 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include <amp/optim/fused_optimizer.h>
-#include <amp/state/state.h>
+#include <amp/state/param_slots.h>
 #include <kernels/multi_tensor/scaled_copy.h>
 
 namespace amp::detail {
@@ -31,7 +31,8 @@ namespace amp::detail {
 // every rank's chunks arrive in pending_gathered_, not yet in the model. What the caller does before the next
 // forward (zero_grad, loading the next batch, logging) overlaps the transfer. finish_publish then waits and copies
 // exactly as the in-step publish does, so the parameters end bit-identical. It runs
-// - at amp::Model::forward / call (State::before_forward), where DeepSpeed's overlap_comm and FSDP's forward prefetch
+// - at amp::Model::forward / call (State::before_forward, through GradientOwner::wait_for_parameters), where
+// DeepSpeed's overlap_comm and FSDP's forward prefetch
 //   also wait (here for every bucket at once, before the forward's first layer);
 // - in Optimizer::wait_for_parameters(), for a forward that does not go through amp::Model;
 // - before anything else of amp's reads or writes the model parameters or the send buffers: the next step(), the
@@ -64,6 +65,14 @@ void ZeroShard::step(FusedOptimizer& fused, const at::Tensor& found_inf) {
   fused.fused_step(outs, found_inf);
   start_publish();
   if (publish_mode_ == ZeroPublish::kInStep) finish_publish();
+}
+
+void ZeroShard::check_capturable(const c10::Device& device) const {
+  // Note [deferred publish]: the all-gathers would be waited for outside the graph, at the next forward.
+  TORCH_CHECK(publish_mode_ == ZeroPublish::kInStep,
+              "amp::Optimizer::step() under ZeroPublish::kAtNextForward cannot be captured in a CUDA graph on ", device,
+              ": the parameter all-gather it starts completes at the next forward, outside the capture. Attach with "
+              "ZeroPublish::kInStep to capture the step");
 }
 
 void ZeroShard::publish() {
@@ -109,7 +118,7 @@ void ZeroShard::finish_publish() {
       const Piece& p = pieces_[i];
       src.push_back(gathered[b].narrow(0, p.rank * r.chunk + p.send_offset - r.send_begin, p.numel));
       dst.push_back(
-          state_.slots_[static_cast<size_t>(p.slot)].model.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
+          slots_[static_cast<size_t>(p.slot)].model.detach().reshape({-1}).narrow(0, p.param_offset, p.numel));
     }
     if (!src.empty()) kernels::scaled_copy_(src, dst, 1.0);
     // Deferred, the copy may run on another stream than the one step() allocated the buffer on: the allocator must

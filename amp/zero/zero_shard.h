@@ -12,26 +12,16 @@
 #include <ATen/core/Tensor.h>
 #include <torch/serialize/archive.h>
 
+#include <amp/state/gradient_owner.h>
 #include <amp/zero/zero.h>
 #include <ddp/process_group.h>
 #include <ddp/shard_layout.h>
 
 namespace ddp {
 class DistributedDataParallel;
-struct ReducedBucket;
 }  // namespace ddp
 
-namespace amp {
-
-class FusedOptimizer;
-class LossScaler;
-
-namespace detail {
-
-class State;
-
-/// Bytes of the distinct storages behind `tensors` (undefined ones skipped).
-int64_t held_storage_bytes(const std::vector<at::Tensor>& tensors);
+namespace amp::detail {
 
 /// This rank's shard of the fp32 masters, their gradients and (through the optimizer, whose param groups it
 /// rewrites to hold the shard's pieces) the optimizer state.
@@ -44,38 +34,49 @@ int64_t held_storage_bytes(const std::vector<at::Tensor>& tensors);
 /// of the masters, so its elementwise update is the unsharded one and its per-parameter state is per piece. The
 /// step writes each piece's rounded value into a send buffer per model dtype (the slice padded to the bucket's
 /// chunk, as on the wire), and one all-gather per bucket brings every rank's slices into every model parameter.
-class ZeroShard {
+///
+/// The gradient owner of ZeRO stages 1 and 2 (Note [gradient owner] in amp/state/gradient_owner.h): State::attach
+/// puts it in place of the replicated owner, which it takes the slots' masters from.
+class ZeroShard final : public GradientOwner {
  public:
-  ZeroShard(State& state, ddp::DistributedDataParallel& ddp, ZeroStage stage,
+  /// Needs one of amp's fused optimizers, an untouched state, and fp32 masters (O0-O2); shards along `ddp`'s buckets
+  /// (frozen here), rewrites the optimizer's param groups to hold this rank's pieces, and drops the slots' masters.
+  ZeroShard(const OwnerContext& context, ddp::DistributedDataParallel& ddp, ZeroStage stage,
             ZeroPublish publish = ZeroPublish::kInStep);
   /// Completes a pending publish into the model, which may outlive the optimizer (a failure becomes a warning).
-  ~ZeroShard();
+  ~ZeroShard() override;
   ZeroShard(const ZeroShard&) = delete;
   ZeroShard& operator=(const ZeroShard&) = delete;
 
   ZeroStage stage() const { return stage_; }
   ZeroPublish publish_mode() const { return publish_mode_; }
+  /// Completes a pending publish (finish_publish).
+  void wait_for_parameters() override { finish_publish(); }
+  /// Refuses a scope while a publish is pending (check_published): the forward bypassed amp::Model.
+  void begin_loss(bool starts_cycle) override;
   /// Unscales this rank's slice of a reduced bucket into the shard's master gradients and frees the bucket's model
   /// gradients; false outside a scope that unscales (stage 1: DDP writes the average back; stage 2: DDP refuses).
-  bool consume_bucket(const ddp::ReducedBucket& bucket, LossScaler& scaler, at::Tensor& bucket_scale);
+  bool consume_bucket(const ddp::ReducedBucket& bucket, LossScaler* scaler) override;
   /// The scope's end (delay_unscale=false): unscales the gradients DDP wrote back (buckets not consumed, stage 1),
   /// frees every model gradient, and makes the loss's overflow flag the same on every rank (one 1-element
-  /// allreduce; reduce_flag false: the caller reduces it in a collective of its own). Collective.
-  void end_loss(LossScaler& scaler, bool reduce_flag = true);
+  /// allreduce; reduce_flag false: returns true and the caller reduces it in a collective of its own). Collective.
+  bool end_loss(LossScaler& scaler, bool reduce_flag) override;
   /// The optimizer's step on the shard (skipped on the device when found_inf is set), then the all-gather of every
   /// rank's updated slices into the model parameters: completed here under ZeroPublish::kInStep, left pending under
   /// kAtNextForward (Note [deferred publish]). A publish still pending from the last step completes first. Collective.
-  void step(FusedOptimizer& fused, const at::Tensor& found_inf);
+  void step(FusedOptimizer& fused, const at::Tensor& found_inf) override;
+  /// Under ZeroPublish::kAtNextForward the all-gather completes outside the capture: refused.
+  void check_capturable(const c10::Device& device) const override;
   /// The shard's gradients the optimizer will read (pieces that received one).
-  std::vector<at::Tensor> grads() const;
-  void zero_grad();
+  std::vector<at::Tensor> grads() const override;
+  void zero_grad() override;
   /// clip_grad_norm_ over all ranks' shards: the global norm from the per-shard sums of squares (one 1-element
   /// allreduce), applied to this shard. A non-finite norm sets found_inf and leaves the gradients. Collective.
-  at::Tensor clip_grad_norm_(double max_norm, const at::Tensor& found_inf);
-  HeldBytes held_bytes(const FusedOptimizer& fused) const;
-  /// Every parameter's full fp32 master, assembled from all ranks' shards (one all-gather), in State's slot order.
+  at::Tensor clip_grad_norm_(double max_norm, const at::Tensor& found_inf) override;
+  HeldBytes held_bytes() const override;
+  /// Every parameter's full fp32 master, assembled from all ranks' shards (one all-gather), in slot order.
   /// Collective. For checkpoints and tests: it materializes the whole model in fp32 on every rank.
-  std::vector<at::Tensor> full_masters() const;
+  std::vector<at::Tensor> full_masters() const override;
 
   // Checkpoints (docs/zero.md). A consolidated checkpoint is the file a non-sharded run writes, so it loads at any
   // world size, and into plain DDP + amp and back.
@@ -87,7 +88,8 @@ class ZeroShard {
   std::string shard_optimizer_archive(torch::serialize::InputArchive& full) const;
   /// Appends the (destination, value) copies that put full fp32 `values` (one per slot) into this rank's masters and
   /// the send buffers (what a skipped next step all-gathers).
-  void master_copies(const std::vector<at::Tensor>& values, std::vector<std::pair<at::Tensor, at::Tensor>>& out) const;
+  void master_copies(const std::vector<at::Tensor>& values,
+                     std::vector<std::pair<at::Tensor, at::Tensor>>& out) const override;
   /// Sharded checkpoints: this rank's shard (its pieces by parameter name and range, their masters, and every
   /// per-parameter optimizer entry) as the bytes of an archive. Needs no collective.
   std::string save_shard() const;
@@ -127,7 +129,7 @@ class ZeroShard {
 
  private:
   struct Piece {
-    int64_t slot = 0;          // State's parameter slot
+    int64_t slot = 0;          // the parameter's slot (ParamSlots)
     int64_t param_offset = 0;  // first element inside the (flattened) parameter
     int64_t numel = 0;
     int64_t bucket = 0;
@@ -153,7 +155,9 @@ class ZeroShard {
   void accumulate(const std::vector<size_t>& pieces, const std::vector<at::Tensor>& src, const at::Tensor& scale,
                   LossScaler& scaler);
 
-  State& state_;
+  ParamSlots& slots_;
+  torch::optim::Optimizer& optimizer_;
+  FusedOptimizer* fused_;  // checked non-null at construction
   ddp::ProcessGroup pg_;
   ZeroStage stage_;
   ZeroPublish publish_mode_;
@@ -172,11 +176,11 @@ class ZeroShard {
   std::vector<PublishRange> publish_;         // per bucket
   std::vector<int64_t> chunk_offset_;         // per bucket: where its chunk starts in a rank's all-dtype gather
   int64_t chunk_total_ = 0;                   // the sum of every bucket's chunk
+  at::Tensor bucket_scale_;                   // consume_bucket's average * inv_scale (1-element fp32)
   std::vector<int64_t> slot_index_in_group_;  // per slot: its position in its param group without ZeRO
   // Note [deferred publish]: between start_publish and finish_publish, per bucket (empty when none is pending).
   std::vector<at::Tensor> pending_gathered_;                   // every rank's chunks of the bucket
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_works_;  // null where nothing travels (one rank)
 };
 
-}  // namespace detail
-}  // namespace amp
+}  // namespace amp::detail

@@ -51,6 +51,19 @@ inline void run_ranks(const std::function<void(int, const ddp::ProcessGroup&)>& 
   });
 }
 
+/// Throws (from a rank) unless actual and expected agree within rtol * |expected| + atol, elementwise.
+inline void check_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol, double atol,
+                        const std::string& what) {
+  TORCH_CHECK(actual.defined() == expected.defined(), what, ": one of the tensors is undefined");
+  if (!actual.defined()) return;
+  TORCH_CHECK(actual.sizes() == expected.sizes(), what, ": shape ", actual.sizes(), " vs ", expected.sizes());
+  const auto a = actual.to(torch::kDouble);
+  const auto e = expected.to(torch::kDouble);
+  const auto excess = (a - e).abs() - (e.abs() * rtol + atol);
+  TORCH_CHECK(a.numel() == 0 || excess.max().item<double>() <= 0, what, ": max abs diff ",
+              (a - e).abs().max().item<double>(), " beyond rtol ", rtol, " atol ", atol);
+}
+
 /// While alive, backward passes started on this thread run on this thread, CUDA work included. Autograd otherwise
 /// hands a CUDA device's backward work to one engine thread per device, shared by every thread of the process; with
 /// ranks as threads on one GPU, a rank whose backward waits in a collective (SyncBatchNorm's allreduce) holds that

@@ -1,4 +1,4 @@
-#include <ddp/bucket_copy.h>
+#include <ddp/reducer/bucket_copy.h>
 
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>

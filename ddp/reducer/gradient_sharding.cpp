@@ -1,8 +1,8 @@
-#include <ddp/gradient_sharding.h>
+#include <ddp/reducer/gradient_sharding.h>
 
 #include <ATen/Functions.h>
 
-#include <ddp/bucket_copy.h>
+#include <ddp/reducer/bucket_copy.h>
 
 namespace ddp::detail {
 

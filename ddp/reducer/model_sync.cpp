@@ -1,4 +1,4 @@
-#include <ddp/model_sync.h>
+#include <ddp/reducer/model_sync.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,8 +11,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
-#include <ddp/bucket_copy.h>
 #include <ddp/hash.h>
+#include <ddp/reducer/bucket_copy.h>
 
 namespace ddp::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include <ddp/reducer.h>
+#include <ddp/reducer/reducer.h>
 
 #include <algorithm>
 #include <cstring>
@@ -15,8 +15,8 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <ddp/bucket_copy.h>
-#include <ddp/model_sync.h>
+#include <ddp/reducer/bucket_copy.h>
+#include <ddp/reducer/model_sync.h>
 
 namespace ddp::detail {
 namespace {

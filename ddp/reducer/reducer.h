@@ -21,8 +21,8 @@
 #include <c10/core/Stream.h>
 
 #include <ddp/distributed_data_parallel.h>
-#include <ddp/gradient_sharding.h>
 #include <ddp/process_group.h>
+#include <ddp/reducer/gradient_sharding.h>
 #include <ddp/shard_layout.h>
 
 namespace torch::autograd {

@@ -1,0 +1,92 @@
+#pragma once
+
+// Who holds the gradients the optimizer reads and the masters it updates: one of State's parts (Note [State's parts]
+// in amp/state/state.h), the one a new data parallel mode replaces. Internal: users go through amp::Optimizer.
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <amp/options.h>
+#include <amp/zero/zero.h>
+
+namespace ddp {
+struct ReducedBucket;
+}  // namespace ddp
+
+namespace amp {
+
+class FusedOptimizer;
+class LossScaler;
+
+namespace detail {
+
+class ParamSlots;
+
+/// What an owner may use of State: the slots (which it may reshape: ZeRO drops the replicated masters), the optimizer
+/// (whose param groups it may rewrite), and the policy.
+struct OwnerContext {
+  ParamSlots& slots;
+  torch::optim::Optimizer& optimizer;
+  FusedOptimizer* fused;  // the optimizer, when it is one of amp's fused optimizers, else null
+  const Options::Resolved& policy;
+  /// No scale_loss scope has begun and no step() has run since initialize (an owner that reshapes state needs it).
+  bool untouched;
+};
+
+/// Note [gradient owner]
+/// State runs the scale_loss protocol (LossScopes) and the step's bookkeeping (StepProgress); where the gradients
+/// live between backward and step() is the owner's business. Two implement it:
+/// - ReplicatedGradients (one process, and plain DDP + amp): every rank holds every gradient, unscaled in place for
+///   fp32 parameters and in fp32 into the masters' gradients for half ones; DDP's reduced buckets are unscaled as
+///   they arrive (consume_bucket), the rest at the scope's end.
+/// - ZeroShard (amp/zero/, ZeroStage::kOne and kTwo): each rank holds its slice of every bucket's masters,
+///   gradients and optimizer state; its step all-gathers the updated slices into the model.
+/// attach() with a ZeroStage swaps the first for the second. A new mode (another sharding stage, say) implements this
+/// interface and is chosen in State::attach; nothing else of State changes.
+class GradientOwner {
+ public:
+  virtual ~GradientOwner() = default;
+
+  /// Completes what the last step left in flight into the model parameters (Note [deferred publish]); called before
+  /// every forward through amp::Model and before anything of amp reads or writes the parameters. Not collective.
+  virtual void wait_for_parameters() {}
+  /// A scale_loss scope begins. `starts_cycle`: no delay_unscale gradients are pending, so the gradients this
+  /// backward writes must be this loss's alone (earlier losses' unscaled ones are put aside or already moved out).
+  virtual void begin_loss(bool starts_cycle) = 0;
+  /// DDP reduced a bucket during backward. `scaler`: the scope's when one that unscales is being backpropagated,
+  /// else null. Unscales and checks the bucket into the optimizer's gradients and returns true, or returns false and
+  /// DDP writes its average back as usual.
+  virtual bool consume_bucket(const ddp::ReducedBucket& bucket, LossScaler* scaler) = 0;
+  /// The end of a scope that unscales: unscales and checks with `scaler` every gradient consume_bucket did not take.
+  /// The scaler's overflow flag must then mean the same on every rank: an owner that checked only this rank's part
+  /// of the gradients reduces it over the ranks (one collective) when `reduce_flag`, and otherwise returns true to
+  /// say that the caller must (the FP8 amax reduction carries it). Returns false when the flag needs no reduction.
+  virtual bool end_loss(LossScaler& scaler, bool reduce_flag) = 0;
+  /// The step of one of amp's fused optimizers on the gradients held here (skipped on the device where `found_inf`
+  /// is set), its results in the model parameters. A plain torch::optim optimizer steps in State on the slots.
+  virtual void step(FusedOptimizer& fused, const at::Tensor& found_inf) = 0;
+  /// Throws, saying why, when step() cannot be captured in a CUDA graph on `device`.
+  virtual void check_capturable(const c10::Device& device) const { (void)device; }
+  /// The gradients the optimizer will read.
+  virtual std::vector<at::Tensor> grads() const = 0;
+  /// clip_grad_norm_ over those gradients (over every rank's for a sharded owner; then collective).
+  virtual at::Tensor clip_grad_norm_(double max_norm, const at::Tensor& found_inf) = 0;
+  /// Drops what the owner holds beyond the slots' .grad (which State clears).
+  virtual void zero_grad() = 0;
+  virtual HeldBytes held_bytes() const = 0;
+  /// Every slot's full fp32 value (its master, or its fp32 parameter). Collective for a sharded owner.
+  virtual std::vector<at::Tensor> full_masters() const = 0;
+  /// Appends the (destination, value) copies that put full fp32 `values` (one per slot) into the masters held here.
+  virtual void master_copies(const std::vector<at::Tensor>& values,
+                             std::vector<std::pair<at::Tensor, at::Tensor>>& out) const = 0;
+};
+
+/// Bytes of the distinct storages behind `tensors` (undefined ones skipped).
+int64_t held_storage_bytes(const std::vector<at::Tensor>& tensors);
+
+}  // namespace detail
+}  // namespace amp

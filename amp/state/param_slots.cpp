@@ -1,0 +1,111 @@
+#include <amp/state/param_slots.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <kernels/multi_tensor/scaled_copy.h>
+
+namespace amp::detail {
+namespace {
+
+bool is_half(c10::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+}  // namespace
+
+ParamSlots::ParamSlots(torch::nn::Module& module, const torch::optim::Optimizer& optimizer) {
+  // Every parameter must be fp32 on entry, on one device.
+  const auto named = module.named_parameters(/*recurse=*/true);
+  TORCH_CHECK(named.size() > 0, "amp::initialize: the model has no parameters");
+  device_ = named[0].value().device();
+  std::unordered_map<const void*, std::string> name_of;
+  for (const auto& p : named) {
+    TORCH_CHECK(p.value().scalar_type() == at::kFloat, "amp::initialize needs fp32 parameters on entry, but '", p.key(),
+                "' is ", p.value().scalar_type());
+    TORCH_CHECK(p.value().device() == device_, "amp::initialize needs all parameters on one device, but '", p.key(),
+                "' is on ", p.value().device(), " and '", named[0].key(), "' on ", device_);
+    name_of[p.value().unsafeGetTensorImpl()] = p.key();
+  }
+  // Every optimizer parameter must belong to the model.
+  int64_t index = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      auto it = name_of.find(p.unsafeGetTensorImpl());
+      TORCH_CHECK(it != name_of.end(), "amp::initialize: optimizer parameter ", index, " (shape ", p.sizes(),
+                  ") is not a parameter of the model");
+      // Casting the model later keeps each parameter's TensorImpl (set_data), so the index stays valid.
+      index_of_[p.unsafeGetTensorImpl()] = index;
+      slots_.push_back(ParamSlot{it->second, p, p, false});
+      ++index;
+    }
+  }
+}
+
+int64_t ParamSlots::index_of(const at::Tensor& model) const {
+  const auto it = index_of_.find(model.unsafeGetTensorImpl());
+  return it == index_of_.end() ? -1 : it->second;
+}
+
+int64_t ParamSlots::index_of(const std::string& name) const {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].name == name) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+std::string ParamSlots::name(int64_t index) const {
+  if (index < 0 || index >= static_cast<int64_t>(slots_.size())) return "<none>";
+  return slots_[static_cast<size_t>(index)].name;
+}
+
+void ParamSlots::create_masters(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& fp32_values) {
+  std::unordered_map<const void*, at::Tensor> master_of;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto& slot = slots_[i];
+    if (!is_half(slot.model.scalar_type()) || !slot.model.requires_grad()) continue;
+    slot.master = fp32_values[i].requires_grad_(true);
+    slot.has_master = true;
+    master_of[slot.model.unsafeGetTensorImpl()] = slot.master;
+  }
+  auto& state = optimizer.state();
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      auto it = master_of.find(p.unsafeGetTensorImpl());
+      if (it == master_of.end()) continue;
+      auto old = state.find(p.unsafeGetTensorImpl());
+      if (old != state.end()) {
+        state[it->second.unsafeGetTensorImpl()] = std::move(old->second);
+        state.erase(p.unsafeGetTensorImpl());
+      }
+      p = it->second;
+    }
+  }
+}
+
+void ParamSlots::drop_masters() {
+  for (ParamSlot& slot : slots_) {
+    slot.master = slot.model;
+    slot.has_master = false;
+  }
+}
+
+void ParamSlots::copy_masters_to_models() {
+  std::vector<at::Tensor> from, to;
+  for (const auto& slot : slots_) {
+    if (slot.has_master) {
+      from.push_back(slot.master);
+      to.push_back(slot.model);
+    }
+  }
+  if (from.empty()) return;
+  at::NoGradGuard no_grad;
+  kernels::scaled_copy_(from, to, 1.0);
+}
+
+void ParamSlots::clear_grads() {
+  for (auto& slot : slots_) {
+    slot.model.mutable_grad() = at::Tensor();
+    if (slot.has_master) slot.master.mutable_grad() = at::Tensor();
+  }
+}
+
+}  // namespace amp::detail
