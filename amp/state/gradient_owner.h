@@ -54,6 +54,9 @@ class GradientOwner {
   /// Completes what the last step left in flight into the model parameters (Note [deferred publish]); called before
   /// every forward through amp::Model and before anything of amp reads or writes the parameters. Not collective.
   virtual void wait_for_parameters() {}
+  /// Throws when the model parameters are not the last step's (a pending ZeRO publish: Note [deferred publish]);
+  /// `what` says what found it. Runs first in scale_loss, before its own checks.
+  virtual void check_parameters_current(const char* what) const { (void)what; }
   /// A scale_loss scope begins. `starts_cycle`: no delay_unscale gradients are pending, so the gradients this
   /// backward writes must be this loss's alone (earlier losses' unscaled ones are put aside or already moved out).
   virtual void begin_loss(bool starts_cycle) = 0;

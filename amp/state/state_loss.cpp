@@ -9,6 +9,7 @@
 namespace amp::detail {
 
 at::Tensor State::begin_loss(const at::Tensor& loss, int64_t loss_id, bool delay_unscale) {
+  owner_->check_parameters_current("scale_loss began");  // Note [deferred publish]
   LossScaler& s = losses_.scaler(loss_id);
   const bool starts_cycle = losses_.starts_cycle(loss_id);
   owner_->begin_loss(starts_cycle);

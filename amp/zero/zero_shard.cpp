@@ -200,10 +200,6 @@ void ZeroShard::accumulate(const std::vector<size_t>& pieces, const std::vector<
   }
 }
 
-void ZeroShard::begin_loss(bool /*starts_cycle: earlier losses' gradients are in the shard already*/) {
-  check_published("scale_loss began");  // Note [deferred publish]
-}
-
 bool ZeroShard::consume_bucket(const ddp::ReducedBucket& bucket, LossScaler* scaler) {
   check_published("a synchronized backward pass reached DDP's reduced bucket");
   if (scaler == nullptr) return false;

@@ -52,8 +52,10 @@ class ZeroShard final : public GradientOwner {
   ZeroPublish publish_mode() const { return publish_mode_; }
   /// Completes a pending publish (finish_publish).
   void wait_for_parameters() override { finish_publish(); }
-  /// Refuses a scope while a publish is pending (check_published): the forward bypassed amp::Model.
-  void begin_loss(bool starts_cycle) override;
+  /// Refuses while a publish is pending (check_published): the forward bypassed amp::Model.
+  void check_parameters_current(const char* what) const override { check_published(what); }
+  /// Nothing to put aside: earlier losses' gradients are in the shard already.
+  void begin_loss(bool /*starts_cycle*/) override {}
   /// Unscales this rank's slice of a reduced bucket into the shard's master gradients and frees the bucket's model
   /// gradients; false outside a scope that unscales (stage 1: DDP writes the average back; stage 2: DDP refuses).
   bool consume_bucket(const ddp::ReducedBucket& bucket, LossScaler* scaler) override;
