@@ -14,12 +14,14 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "cli_help.h"
 #include "ddp/ddp_test_util.h"
 
 // ddp-launch and its library part are built when CLI11 is present; LTA_DDP_LAUNCH says so.
@@ -78,6 +80,19 @@ size_t count_of(const std::string& text, const std::string& fragment) {
   size_t count = 0;
   for (size_t at = text.find(fragment); at != std::string::npos; at = text.find(fragment, at + 1)) ++count;
   return count;
+}
+
+TEST(LaunchArgsTest, HelpShowsEveryDefault) {
+  const std::string help = parse({"--help"}).output;
+  const std::vector<std::pair<std::string, std::string>> defaults = {{"--nnodes", "1"},
+                                                                     {"--node-rank", "0"},
+                                                                     {"--master-addr", "127.0.0.1"},
+                                                                     {"--master-port", "29500"},
+                                                                     {"--kill-grace-s", "5"}};
+  for (const auto& [option, shown] : defaults) EXPECT_EQ(test_util::default_shown(help, option), shown) << help;
+  // The timeouts' defaults come from the workers' side (or the environment): the description says them.
+  EXPECT_NE(test_util::option_help(help, "--rendezvous-timeout-s").find("default 600"), std::string::npos) << help;
+  EXPECT_NE(test_util::option_help(help, "--collective-timeout-s").find("default 1800"), std::string::npos) << help;
 }
 
 TEST(LaunchArgsTest, HelpHasOneUsageLine) {
