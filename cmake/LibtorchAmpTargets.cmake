@@ -23,6 +23,17 @@ function(lta_add_layer_library name alias)
   lta_set_warnings(${name})
 endfunction()
 
+# An executable that `cmake --install` puts into bin/: it must start from there as it does from the build tree,
+# with no LD_LIBRARY_PATH. Its RUNPATH names our own lib/ relative to the binary ($ORIGIN), the lib/ of the LibTorch
+# it was built against (absolute: LibTorch is linked by full path, which INSTALL_RPATH_USE_LINK_PATH does not
+# cover), and the other folders it was linked from (the CUDA toolkit's).
+function(lta_install_executable target)
+  file(RELATIVE_PATH _lib_from_bin "/${CMAKE_INSTALL_BINDIR}" "/${CMAKE_INSTALL_LIBDIR}")
+  set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/${_lib_from_bin};${LIBTORCH_AMP_TORCH_ROOT}/lib"
+                                             INSTALL_RPATH_USE_LINK_PATH ON)
+  install(TARGETS ${target} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endfunction()
+
 # A sanitizer build (`make asan-test`): -DLIBTORCH_AMP_SANITIZE=address instruments the frontend targets (tests,
 # examples, their shared precompiled header) and the libraries passed to lta_sanitize. The lower layers keep the
 # normal flags, so in a second build folder they come from ccache and only the instrumented code is compiled.

@@ -41,6 +41,11 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
   return std::make_unique<amp::FusedSGD>(net->parameters(), amp::FusedSgdOptions(lr).momentum(examples::kSgdMomentum));
 }
 
+std::string optimizer_description(const std::string& name) {
+  if (name == "adamw") return fmt::format("FusedAdamW weight decay {}", kAdamWeightDecay);
+  return examples::sgd_description("FusedSGD");
+}
+
 c10::ScalarType half_dtype(const std::string& name, const torch::Device& device) {
   if (name == "auto") return device.is_cuda() ? at::kHalf : at::kBFloat16;
   return name == "fp16" ? at::kHalf : at::kBFloat16;
@@ -111,17 +116,21 @@ int main(int argc, char** argv) {
     if (!flags.resume.empty() && zero) {  // collective: every rank takes its shard
       saved = examples::load_amp_checkpoint(flags.resume, model, optimizer);
     }
+    if (rank.rank == 0) {  // the first line, before a resume's "resuming at ..."
+      examples::RunHeader header;
+      header.processes = rank.world_size;
+      header.backend = group.backend_name();
+      header.where = "device " + device.str() + " on rank 0";
+      header.precision = amp_flags.opt_level + " " + examples::dtype_name(half_dtype(amp_flags.dtype, device));
+      header.optimizer = optimizer_description(amp_flags.optimizer);
+      header.extras = std::string(ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "") +
+                      (zero ? fmt::format(" | ZeRO stage {}", amp_flags.zero) : std::string()) +
+                      (amp_flags.fp8 != "off" ? fmt::format(" | FP8 {} scaling", amp_flags.fp8) : std::string());
+      fmt::print("{}\n", examples::run_header_line(flags, data, header));
+    }
     examples::TrainingPosition position;
     if (!flags.resume.empty()) {
       position = examples::resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
-    }
-    if (rank.rank == 0) {
-      fmt::print("{} processes ({}), device {} on rank 0 | {} with {} | {}{}{}{}\n", rank.world_size,
-                 group.backend_name(), device.str(), amp_flags.opt_level,
-                 c10::toString(half_dtype(amp_flags.dtype, device)), amp_flags.optimizer,
-                 ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "",
-                 zero ? fmt::format(" | ZeRO stage {}", amp_flags.zero) : std::string(),
-                 amp_flags.fp8 != "off" ? fmt::format(" | FP8 {} scaling", amp_flags.fp8) : std::string());
     }
 
     const auto save = [&](const examples::TrainingPosition& at) {

@@ -48,10 +48,14 @@ int main(int argc, char** argv) {
     const torch::Device gather_on = gpus > 0 ? devices[static_cast<size_t>(output_device)] : devices.front();
     // The module lives on the first device; DataParallel replicates it from there every step.
     const torch::Device device = devices.front();
-    fmt::print("replicating over {} {}(s), outputs gathered on {}, {}\n", devices.size(),
-               gpus > 0 ? "GPU" : "CPU replica", gather_on.str(), opt_level == "none" ? "fp32" : "amp " + opt_level);
-
     const examples::Data data = examples::load_data(flags);
+    const c10::ScalarType half = device.is_cuda() ? at::kHalf : at::kBFloat16;
+    examples::RunHeader header;
+    header.where = fmt::format("replicated over {} {}(s), outputs gathered on {}", devices.size(),
+                               gpus > 0 ? "GPU" : "CPU replica", gather_on.str());
+    header.precision = opt_level == "none" ? "fp32" : opt_level + " " + examples::dtype_name(half);
+    header.optimizer = examples::sgd_description();
+    fmt::print("{}\n", examples::run_header_line(flags, data, header));
     examples::SmallCnn net;
     net->to(device);
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));
@@ -59,10 +63,8 @@ int main(int argc, char** argv) {
     // amp, when asked: initialize first (it may cast the model), then wrap the initialized module.
     std::optional<amp::Initialized<examples::SmallCnn>> mixed;
     if (opt_level != "none") {
-      mixed.emplace(amp::initialize(net, sgd,
-                                    amp::Options()
-                                        .opt_level(amp::parse_opt_level(opt_level))
-                                        .half_dtype(device.is_cuda() ? at::kHalf : at::kBFloat16)));
+      mixed.emplace(
+          amp::initialize(net, sgd, amp::Options().opt_level(amp::parse_opt_level(opt_level)).half_dtype(half)));
     }
     // The run state (position, generator) travels in amp checkpoints as an extra, in plain ones as a part.
     std::optional<examples::RunState> saved;

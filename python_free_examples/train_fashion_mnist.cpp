@@ -17,8 +17,11 @@ int main(int argc, char** argv) {
     torch::manual_seed(flags.seed);
     const torch::Device device = examples::pick_device(flags.device);
     const examples::Data data = examples::load_data(flags);
-    fmt::print("device {} | {} training samples, {} test samples | {} epoch(s), batch {}, lr {}\n", device.str(),
-               data.train.images.size(0), data.test.images.size(0), flags.epochs, flags.batch_size, flags.lr);
+    examples::RunHeader header;
+    header.where = "device " + device.str();
+    header.precision = "fp32";
+    header.optimizer = examples::sgd_description();
+    fmt::print("{}\n", examples::run_header_line(flags, data, header));
 
     examples::SmallCnn model;
     model->to(device);

@@ -18,8 +18,8 @@
 #include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
-#include <ddp/process_group.h>
 #include <ddp/launch/worker_group.h>
+#include <ddp/process_group.h>
 
 extern char** environ;
 
@@ -198,14 +198,15 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
       "come before the program; -- ends them.",
       "ddp-launch"};
   app.formatter(std::make_shared<LaunchHelpFormatter>());
+  app.option_defaults()->always_capture_default();  // --help shows each default: "--master-port TEXT=29500"
   app.add_option("--nproc-per-node,--nproc_per_node", nproc_per_node, "Worker processes on this node")->required();
-  app.add_option("--nnodes", nnodes, "Nodes in the job (default 1)");
-  app.add_option("--node-rank,--node_rank", node_rank, "This node's rank; node 0 hosts the rendezvous (default 0)");
-  app.add_option("--master-addr,--master_addr", c.master_addr, "Address of node 0 (default 127.0.0.1)");
+  app.add_option("--nnodes", nnodes, "Nodes in the job");
+  app.add_option("--node-rank,--node_rank", node_rank, "This node's rank; node 0 hosts the rendezvous");
+  app.add_option("--master-addr,--master_addr", c.master_addr, "Address of node 0");
   app.add_option("--master-port,--master_port", master_port,
-                 "Rendezvous port on node 0 (0: any free port, one node only; default 29500)");
+                 "Rendezvous port on node 0 (0: any free port, one node only)");
   app.add_flag("--local-rank-arg", c.local_rank_arg, "Also pass --local-rank=N to each worker");
-  app.add_option("--kill-grace-s", kill_grace_s, "After a failure, seconds between SIGTERM and SIGKILL (default 5)");
+  app.add_option("--kill-grace-s", kill_grace_s, "After a failure, seconds between SIGTERM and SIGKILL");
   app.add_option("--rendezvous-timeout-s,--rdzv-timeout-s", rendezvous_timeout_s,
                  "Seconds the workers wait for all ranks to join before giving up (DDP_RENDEZVOUS_TIMEOUT_S; "
                  "default 600)");

@@ -70,7 +70,9 @@ std::optional<ProgramProblem> check_program(const std::string& program);
 /// launcher line by line (to this process's stderr), which keeps its last line. SIGINT and SIGTERM received
 /// meanwhile are forwarded to every worker. When a worker fails, the others are stopped and `log` gets a summary:
 /// "ddp-launch: root cause: rank R (local rank L, pid P) exited with code C; its last stderr line: ..." for the
-/// first failure, then one "ddp-launch: consequence: ..." line per other failed or stopped worker. When the
+/// first failure, then one "ddp-launch: consequence: ..." line per other failed or stopped worker; workers that
+/// failed alike share a line ("ranks 0-1 ..."), and an error every worker hit alike is that one line, with no root
+/// cause (detail::describe_failures). When the
 /// launcher was asked to stop (SIGINT/SIGTERM), the last line says so instead. A program that check_program()
 /// refuses starts no worker: `log` gets its one line ("ddp-launch: cannot run './train': no such file"). Returns
 /// ddp-launch's exit code: 0, the root cause's code (128 + signal when killed), check_program's 127 or 126 (or

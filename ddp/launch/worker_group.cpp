@@ -59,6 +59,51 @@ void signal_worker(pid_t pid, int signal) {
   if (::kill(-pid, signal) != 0) ::kill(pid, signal);
 }
 
+/// Workers that failed alike: the same way (exit code or signal; stopped by the group or not), with the same message
+/// and last stderr line. One line tells all of them.
+struct FailureGroup {
+  std::vector<const WorkerExit*> members;  // in the order they failed
+  bool alike(const WorkerExit& f) const {
+    const WorkerExit& first = *members.front();
+    return f.wait_status == first.wait_status && f.stopped_by_group == first.stopped_by_group &&
+           f.message == first.message && f.last_line == first.last_line;
+  }
+};
+
+/// "0-2, 5": ascending numbers, runs of consecutive ones as ranges.
+std::string number_ranges(std::vector<int> numbers) {
+  std::sort(numbers.begin(), numbers.end());
+  std::ostringstream out;
+  for (size_t i = 0; i < numbers.size();) {
+    size_t last = i;
+    while (last + 1 < numbers.size() && numbers[last + 1] == numbers[last] + 1) ++last;
+    out << (i == 0 ? "" : ", ") << numbers[i];
+    if (last > i) out << "-" << numbers[last];
+    i = last + 1;
+  }
+  return out.str();
+}
+
+/// "rank 1" or "ranks 0-1".
+std::string ranks_of(const FailureGroup& group) {
+  std::vector<int> ranks;
+  for (const WorkerExit* f : group.members) ranks.push_back(f->rank);
+  return (group.members.size() == 1 ? "rank " : "ranks ") + number_ranges(ranks);
+}
+
+/// "rank 1 (local rank 1, pid 42)" or "ranks 0-1 (local ranks 0-1, pids 41, 42)".
+std::string who(const FailureGroup& group) {
+  std::vector<int> local_ranks;
+  std::ostringstream pids;
+  for (const WorkerExit* f : group.members) {
+    local_ranks.push_back(f->local_rank);
+    pids << (pids.tellp() == 0 ? "" : ", ") << f->pid;
+  }
+  const bool one = group.members.size() == 1;
+  return ranks_of(group) + (one ? " (local rank " : " (local ranks ") + number_ranges(local_ranks) +
+         (one ? ", pid " : ", pids ") + pids.str() + ")";
+}
+
 }  // namespace
 
 std::string describe_status(int wait_status) {
@@ -93,23 +138,38 @@ WorkerGroup::~WorkerGroup() {
 }
 
 std::string describe_failures(const std::vector<WorkerExit>& failures, const std::string& prefix) {
-  std::ostringstream out;
-  for (size_t i = 0; i < failures.size(); ++i) {
-    const WorkerExit& f = failures[i];
-    out << prefix << (i == 0 ? "root cause: " : "consequence: ") << "rank " << f.rank << " (local rank " << f.local_rank
-        << ", pid " << f.pid << ") ";
-    if (f.stopped_by_group) {
-      out << describe_status(f.wait_status) << ", stopped after rank " << failures[0].rank << " failed";
+  std::vector<FailureGroup> groups;
+  for (const WorkerExit& f : failures) {
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const FailureGroup& g) { return g.alike(f); });
+    if (same == groups.end()) {
+      groups.push_back({{&f}});
     } else {
-      out << describe_status(f.wait_status);
-      if (i > 0) {
-        const double later_s = std::chrono::duration<double>(f.observed - failures[0].observed).count();
-        out << " " << std::fixed << std::setprecision(2) << later_s << " s after rank " << failures[0].rank;
-        out.unsetf(std::ios::floatfield);
-      }
+      same->members.push_back(&f);
+    }
+  }
+  // Ranks that all failed alike on their own (an error every rank hits, such as a rejected --resume) are one line
+  // with no root cause: naming one of them would pick among equals by a few milliseconds.
+  const bool one_error_for_all =
+      groups.size() == 1 && groups.front().members.size() > 1 && !groups.front().members.front()->stopped_by_group;
+  std::ostringstream out;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const WorkerExit& f = *groups[i].members.front();
+    const bool plural = groups[i].members.size() > 1;
+    std::string status = describe_status(f.wait_status);
+    if (plural && status.rfind("was ", 0) == 0) status.replace(0, 3, "were");
+    const char* role = one_error_for_all ? "" : i == 0 ? "root cause: " : "consequence: ";
+    out << prefix << role << who(groups[i]) << " " << status;
+    if (f.stopped_by_group) {
+      out << ", stopped after " << ranks_of(groups[0]) << " failed";
+    } else if (i > 0) {
+      const double later_s = std::chrono::duration<double>(f.observed - failures[0].observed).count();
+      out << " " << std::fixed << std::setprecision(2) << later_s << " s after " << ranks_of(groups[0]);
+      out.unsetf(std::ios::floatfield);
     }
     if (!f.message.empty()) out << ": " << f.message;
-    if (!f.last_line.empty() && f.last_line != f.message) out << "; its last stderr line: " << f.last_line;
+    if (!f.last_line.empty() && f.last_line != f.message) {
+      out << (plural ? "; their last stderr line: " : "; its last stderr line: ") << f.last_line;
+    }
     out << "\n";
   }
   return out.str();

@@ -35,9 +35,12 @@ std::string describe_status(int wait_status);
 /// The shell's convention for a process's result: its exit code, or 128 + the signal that killed it.
 int exit_code_of(int wait_status);
 
-/// A torchrun-like failure summary, one line per failed worker, `prefix` before each: the first failure is
-/// "root cause: rank R (local rank L, pid P) exited with code C; its last stderr line: ...", the others follow
-/// as "consequence: ..." (those the group stopped say so). Empty for no failures.
+/// A torchrun-like failure summary, `prefix` before each line. Workers that failed alike (the same exit code or
+/// signal, message and last stderr line) share one line ("ranks 0-1 (local ranks 0-1, pids P, Q) exited with code
+/// C; their last stderr line: ..."). When every failed worker failed alike on its own, that line is all: no root
+/// cause is named among equals. Otherwise the first failure's line is "root cause: rank R (local rank L, pid P)
+/// exited with code C; its last stderr line: ...", the others follow as "consequence: ..." (those the group
+/// stopped say so). Empty for no failures.
 std::string describe_failures(const std::vector<WorkerExit>& failures, const std::string& prefix);
 
 /// The worker processes of one job on this host, supervised together: the first one that fails takes the others

@@ -67,9 +67,14 @@ void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::
   // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
   if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
   if (rank.rank == 0) {
-    fmt::print("{} processes ({} backend), device {} on rank 0 | {} training samples, {} test samples{}\n",
-               rank.world_size, group.backend_name(), device.str(), data.train.images.size(0), data.test.images.size(0),
-               ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "");
+    RunHeader header;
+    header.processes = rank.world_size;
+    header.backend = group.backend_name();
+    header.where = "device " + device.str() + " on rank 0";
+    header.precision = "fp32";
+    header.optimizer = sgd_description();
+    header.extras = ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "";
+    fmt::print("{}\n", run_header_line(flags, data, header));
   }
   const int64_t train_samples = data.train.images.size(0);
   TrainingPosition position;

@@ -29,6 +29,7 @@ constexpr int kProgressUpdates = 20;  // redraws per epoch: often enough to watc
 }  // namespace
 
 void add_common_flags(CLI::App& app, CommonFlags& flags) {
+  app.option_defaults()->always_capture_default();  // --help shows "--batch-size INT=128", and so on
   app.add_option("--data", flags.data_dir, "Folder with the Fashion-MNIST IDX files (.gz or not)");
   app.add_flag("--synthetic", flags.synthetic,
                "Use generated data with the same shapes instead of the data set (a learnable task: each class has its "
@@ -48,6 +49,31 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--stop-after-steps", flags.stop_after_steps,
                  "For testing resumption: stop after S optimizer steps of this process, mid-epoch if it falls there, "
                  "and write --save");
+}
+
+std::string run_header_line(const CommonFlags& flags, const Data& data, const RunHeader& header) {
+  return fmt::format(
+      "{} process{}{}, {} | {} | {}, lr {}, batch {} per process, {} epoch(s) | {} training samples, "
+      "{} test samples{}",
+      header.processes, header.processes == 1 ? "" : "es",
+      header.backend.empty() ? std::string() : " (" + header.backend + ")", header.where, header.precision,
+      header.optimizer, flags.lr, flags.batch_size, flags.epochs, data.train.images.size(0), data.test.images.size(0),
+      header.extras);
+}
+
+std::string sgd_description(const std::string& name) { return fmt::format("{} momentum {}", name, kSgdMomentum); }
+
+std::string dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Half:
+      return "fp16";
+    case c10::ScalarType::BFloat16:
+      return "bf16";
+    case c10::ScalarType::Float:
+      return "fp32";
+    default:
+      return c10::toString(dtype);
+  }
 }
 
 std::optional<int> parse_flags(CLI::App& app, int argc, char** argv) {

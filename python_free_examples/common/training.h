@@ -38,8 +38,9 @@ struct CommonFlags {
   std::optional<int64_t> stop_after_steps;  // for testing resumption: stop after S steps of this process
 };
 
-/// Registers CommonFlags on `app`. Values are checked after parsing by check_common_flags (CLI11's own range
-/// checks print "Value 0 not in range 0.000000 to 1797...", a 300-digit bound).
+/// Registers CommonFlags on `app`, and makes --help show the default of these and of every option added after
+/// them (call it first). Values are checked after parsing by check_common_flags (CLI11's own range checks print
+/// "Value 0 not in range 0.000000 to 1797...", a 300-digit bound).
 void add_common_flags(CLI::App& app, CommonFlags& flags);
 
 /// Parses the command line into `app`'s options. Returns nullopt to go on; otherwise the exit status: 0 after
@@ -63,6 +64,26 @@ struct Data {
   ImageSplit test;
 };
 Data load_data(const CommonFlags& flags);
+
+/// What every example's first line says about its run, alike in all of them (rank 0 prints it before anything else,
+/// a resume's "resuming at ..." line included): "<processes> process(es) (<backend>), <where> | <precision> |
+/// <optimizer>, lr <lr>, batch <b> per process, <e> epoch(s) | <n> training samples, <m> test samples<extras>".
+struct RunHeader {
+  int64_t processes = 1;
+  std::string backend;    // the process group's backend ("gloo", "nccl"); empty: one process, no group
+  std::string where;      // the devices: "device cpu on rank 0", "2 CPU replicas, outputs gathered on cpu"
+  std::string precision;  // "fp32", or amp's "O2 bf16"
+  std::string optimizer;  // "SGD momentum 0.9"
+  std::string extras;     // what only this run has, each as " | ...": " | SyncBatchNorm over all ranks"
+};
+/// That line for a run of `flags` on `data` (its sample counts).
+std::string run_header_line(const CommonFlags& flags, const Data& data, const RunHeader& header);
+
+/// "<name> momentum 0.9": how the header names the examples' SGD (torch::optim::SGD, or amp's "FusedSGD").
+std::string sgd_description(const std::string& name = "SGD");
+
+/// "fp16" / "bf16" / "fp32" (what the examples' --dtype flags take), else c10's name.
+std::string dtype_name(c10::ScalarType dtype);
 
 /// "auto": cuda:`local_rank` when CUDA is available, else the CPU; "cuda" alone: cuda:`local_rank`; otherwise the
 /// device named ("cpu", "cuda:1"). Throws std::invalid_argument naming --device when the name is not a device,

@@ -5,7 +5,8 @@
 //                                                  training, saves them to DIR/rank<R>.pt; writes the steps done
 //                                                  to DIR/progress<R> as it goes, sleeping MS after each step
 //   ddp_test_worker fail --fail-rank R --code C [--message M] [--others barrier] [--exit-delay-ms MS]
-//                                                  rank R prints M to stderr and exits with C after meeting the
+//                                                  rank R (every rank for R = all) prints M to stderr and exits
+//                                                  with C after meeting the
 //                                                  others; the rest sleep (or, with --others barrier, wait in a
 //                                                  barrier that fails when rank R is gone); with MS, rank R
 //                                                  closes its process group and takes MS more to exit
@@ -163,7 +164,8 @@ int main(int argc, char** argv) {
     }
     if (mode == "fail") {
       pg.barrier();
-      if (pg.rank() == std::stoi(arg_value(argc, argv, "--fail-rank", "0"))) {
+      const std::string fail_rank = arg_value(argc, argv, "--fail-rank", "0");
+      if (fail_rank == "all" || pg.rank() == std::stoi(fail_rank)) {
         const std::string message = arg_value(argc, argv, "--message", "");
         if (!message.empty()) {
           std::cerr << "ddp_test_worker: " << message << std::endl;

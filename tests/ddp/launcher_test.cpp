@@ -14,12 +14,14 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "cli_help.h"
 #include "ddp/ddp_test_util.h"
 
 // ddp-launch and its library part are built when CLI11 is present; LTA_DDP_LAUNCH says so.
@@ -78,6 +80,19 @@ size_t count_of(const std::string& text, const std::string& fragment) {
   size_t count = 0;
   for (size_t at = text.find(fragment); at != std::string::npos; at = text.find(fragment, at + 1)) ++count;
   return count;
+}
+
+TEST(LaunchArgsTest, HelpShowsEveryDefault) {
+  const std::string help = parse({"--help"}).output;
+  const std::vector<std::pair<std::string, std::string>> defaults = {{"--nnodes", "1"},
+                                                                     {"--node-rank", "0"},
+                                                                     {"--master-addr", "127.0.0.1"},
+                                                                     {"--master-port", "29500"},
+                                                                     {"--kill-grace-s", "5"}};
+  for (const auto& [option, shown] : defaults) EXPECT_EQ(test_util::default_shown(help, option), shown) << help;
+  // The timeouts' defaults come from the workers' side (or the environment): the description says them.
+  EXPECT_NE(test_util::option_help(help, "--rendezvous-timeout-s").find("default 600"), std::string::npos) << help;
+  EXPECT_NE(test_util::option_help(help, "--collective-timeout-s").find("default 1800"), std::string::npos) << help;
 }
 
 TEST(LaunchArgsTest, HelpHasOneUsageLine) {
@@ -375,6 +390,62 @@ TEST(DdpLaunchTest, AFailedWorkerThatIsSlowToExitIsStillTheRootCause) {
   // Seen in CI (2 cores under load): rank 0 exited before rank 1 whose failure it followed, and rank 1, still
   // tearing down, was stopped by the launcher and reported as a consequence of rank 0.
   expect_first_failure_is_the_root_cause(700);
+}
+
+/// A failure as WorkerGroup::wait reports it: `rank` (its local rank too) ended with `code` after writing `line`.
+ddp::detail::WorkerExit failure(int rank, int code, const std::string& line, bool stopped = false) {
+  ddp::detail::WorkerExit f;
+  f.rank = rank;
+  f.local_rank = rank;
+  f.pid = 100 + rank;
+  f.wait_status = stopped ? SIGTERM : code << 8;  // waitpid's encoding: killed by SIGTERM, or exited with code
+  f.last_line = line;
+  f.stopped_by_group = stopped;
+  return f;
+}
+
+TEST(DescribeFailuresTest, RanksThatFailedAlikeAreOneLineWithoutARootCause) {
+  const std::string error = "amp_ddp: --resume 'x.pt': the checkpoint was made by 1 process(es), this run has 2";
+  EXPECT_EQ(ddp::detail::describe_failures({failure(0, 1, error), failure(1, 1, error)}, "ddp-launch: "),
+            "ddp-launch: ranks 0-1 (local ranks 0-1, pids 100, 101) exited with code 1; their last stderr line: " +
+                error + "\n");
+  // Four ranks, two of them alike, then two the group stopped: the alike ones are the root cause, together.
+  const std::string folded = ddp::detail::describe_failures(
+      {failure(1, 1, error), failure(3, 1, error), failure(0, 0, "", true), failure(2, 0, "", true)}, "");
+  EXPECT_EQ(
+      folded,
+      "root cause: ranks 1, 3 (local ranks 1, 3, pids 101, 103) exited with code 1; their last stderr line: " + error +
+          "\nconsequence: ranks 0, 2 (local ranks 0, 2, pids 100, 102) were killed by signal 15 (Terminated), "
+          "stopped after ranks 1, 3 failed\n");
+}
+
+TEST(DescribeFailuresTest, FailuresThatDifferKeepTheRootCause) {
+  const std::string described = ddp::detail::describe_failures(
+      {failure(1, 3, "worker: resume file x.pt is truncated"), failure(0, 1, "worker: barrier failed")}, "");
+  EXPECT_EQ(described.rfind("root cause: rank 1 (local rank 1, pid 101) exited with code 3; its last stderr line: "
+                            "worker: resume file x.pt is truncated\n",
+                            0),
+            0u)
+      << described;
+  EXPECT_NE(described.find("\nconsequence: rank 0 (local rank 0, pid 100) exited with code 1 0.00 s after rank 1; its "
+                           "last stderr line: worker: barrier failed\n"),
+            std::string::npos)
+      << described;
+}
+
+TEST(DdpLaunchTest, AnErrorEveryRankHitsIsOneSummaryLine) {
+  LTA_REQUIRE_GLOO();
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 " + kWorker +
+                 " fail --fail-rank all --code 3 --message 'resume file x.pt is truncated'");
+  EXPECT_EQ(exit_code(launch.wait(kLimit)), 3) << launch.output();
+  const std::string out = launch.output();
+  EXPECT_TRUE(
+      std::regex_search(out, std::regex("(^|\n)ddp-launch: ranks 0-1 \\(local ranks 0-1, pids [0-9]+, [0-9]+\\) "
+                                        "exited with code 3; their last stderr line: ddp_test_worker: resume "
+                                        "file x.pt is truncated\n")))
+      << out;
+  EXPECT_EQ(count_of(out, "ddp-launch: "), 1u) << out;
+  EXPECT_EQ(out.find("root cause"), std::string::npos) << out;
 }
 
 TEST(DdpLaunchTest, AnUnknownOptionIsAnErrorNotAProgram) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,14 @@ TEST_P(ResumeTest, AResumedRunEndsBitIdenticalToAnUnbrokenOne) {
   const ProcessResult second = run(example, {"--epochs", "2", "--resume", boundary, "--save", boundary});
   ASSERT_EQ(second.exit_code(), 0) << second.describe();
   EXPECT_NE(second.out.find("resuming at epoch 2, batch 0"), std::string::npos) << second.out;
+  // The first line is the run's header, alike in every example; the resume says where it continues after it.
+  const std::string header = second.out.substr(0, second.out.find('\n'));
+  const std::regex header_form(
+      "^[0-9]+ process(es)?( \\([a-z]+\\))?, .+ \\| .+ \\| .+, lr .+, batch 16 per process, 2 "
+      "epoch\\(s\\) \\| " +
+      example.limit_train + " training samples, [0-9]+ test samples");
+  EXPECT_TRUE(std::regex_search(header, header_form)) << second.out;
+  EXPECT_EQ(second.out.find("resuming at"), header.size() + 1) << second.out;
   EXPECT_EQ(count_of(second.out, "epoch 1/2:"), 0) << "epoch 1 was trained again:\n" << second.out;
   expect_same_training(expected, load(example, boundary), "1 epoch, then resumed to 2");
 

@@ -1,0 +1,63 @@
+// Every example's --help shows the default of each option that has one, so that a user need not read the source to
+// know what a run without the flag does (issue 27).
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cli_help.h"
+#include "python_free_examples/example_process.h"
+
+namespace {
+
+using example_test::ProcessResult;
+using Defaults = std::vector<std::pair<std::string, std::string>>;  // option, the default --help shows
+
+/// The defaults of the flags every example shares (examples::CommonFlags).
+const Defaults kCommonDefaults = {{"--epochs", "1"},
+                                  {"--batch-size", "128"},
+                                  {"--lr", "0.05"},
+                                  {"--seed", "0"},
+                                  {"--limit-train", "0"},
+                                  {"--device", "auto"},
+                                  {"--data", "/usr/share/datasets/fashion-mnist"}};
+
+struct ExampleHelp {
+  std::string name;
+  std::string program;
+  Defaults own_defaults;  // of the options only this example has
+};
+
+void PrintTo(const ExampleHelp& example, std::ostream* os) { *os << example.name; }
+
+class ExampleHelpTest : public ::testing::TestWithParam<ExampleHelp> {};
+
+TEST_P(ExampleHelpTest, ShowsTheDefaultOfEveryOption) {
+  const ExampleHelp& example = GetParam();
+  const ProcessResult help = example_test::run_process({example.program, "--help"});
+  ASSERT_EQ(help.exit_code(), 0) << help.describe();
+  Defaults expected = kCommonDefaults;
+  expected.insert(expected.end(), example.own_defaults.begin(), example.own_defaults.end());
+  for (const auto& [option, shown] : expected) {
+    EXPECT_EQ(test_util::default_shown(help.out, option), shown) << option << " in:\n" << help.out;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Examples, ExampleHelpTest,
+    ::testing::Values(
+        ExampleHelp{"TrainFashionMnist", LTA_EXAMPLE_TRAIN_FASHION_MNIST, {}},
+        ExampleHelp{"DataParallel",
+                    LTA_EXAMPLE_DATA_PARALLEL,
+                    {{"--output-device", "0"}, {"--cpu-replicas", "2"}, {"--opt-level", "none"}}},
+        ExampleHelp{"DdpLaunch", LTA_EXAMPLE_DDP_LAUNCH, {}},
+        ExampleHelp{"DdpSpawn", LTA_EXAMPLE_DDP_SPAWN, {{"--nproc", "2"}, {"--port", "0"}}},
+        ExampleHelp{
+            "AmpDdp",
+            LTA_EXAMPLE_AMP_DDP,
+            {{"--opt-level", "O1"}, {"--dtype", "auto"}, {"--optimizer", "sgd"}, {"--zero", "0"}, {"--fp8", "off"}}}),
+    [](const ::testing::TestParamInfo<ExampleHelp>& info) { return info.param.name; });
+
+}  // namespace
