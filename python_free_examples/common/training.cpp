@@ -206,9 +206,10 @@ double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch
       const auto seen =
           static_cast<double>((std::min(local, (s + 1) * batch_size) - first * batch_size) * rank.world_size);
       const int filled = static_cast<int>(kProgressWidth * (s + 1) / steps);
-      fmt::print("\repoch {}/{} [{}{}] {}/{} loss {:.4f} | {:.0f} samples/s", epoch, epochs, std::string(filled, '#'),
-                 std::string(kProgressWidth - filled, '.'), s + 1, steps, loss_sum / static_cast<double>(ran),
-                 seen / seconds);
+      // "mean loss": the running mean of rank 0's step losses in this epoch (since the resume, in a resumed epoch).
+      fmt::print("\repoch {}/{} [{}{}] {}/{} mean loss {:.4f} | {:.0f} samples/s", epoch, epochs,
+                 std::string(filled, '#'), std::string(kProgressWidth - filled, '.'), s + 1, steps,
+                 loss_sum / static_cast<double>(ran), seen / seconds);
       std::fflush(stdout);
     }
     if (!go_on) break;

@@ -26,10 +26,10 @@
 
 namespace {
 
+using zero_test::bit_identical;
 using zero_test::make_optimizer;
 using zero_test::Opt;
 using zero_test::ZNet;
-using zero_test::bit_identical;
 
 /// A DDP + amp O2 run (FusedAdam, two groups) whose data depends only on (rank, step), for checkpoint round trips.
 struct Trainer {
