@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -72,7 +73,9 @@ inline double rtol_for(torch::ScalarType dtype) {
 
 /// A seed that differs on every run (inputs are fresh random data), printed so a failure can be replayed.
 inline uint64_t fresh_seed() {
-  const uint64_t seed = std::random_device{}();
+  // LTA_TEST_SEED replays a seed a failure printed.
+  const char* replay = std::getenv("LTA_TEST_SEED");
+  const uint64_t seed = replay != nullptr && *replay != '\0' ? std::stoull(replay) : std::random_device{}();
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
   return seed;
 }
