@@ -44,7 +44,7 @@ class Model {
   /// flight (Optimizer::wait_for_parameters).
   template <typename... Args>
   auto forward(Args&&... args) {
-    state_->before_forward();
+    state_->wait_for_parameters();
     return state_->forward_policy().run(
         [this](auto&&... a) { return module_->forward(std::forward<decltype(a)>(a)...); }, std::forward<Args>(args)...);
   }
@@ -58,7 +58,7 @@ class Model {
   ///   auto out = model.call([&](const at::Tensor& in) { return ddp.forward(in); }, x);
   template <typename F, typename... Args>
   auto call(F&& f, Args&&... args) {
-    state_->before_forward();
+    state_->wait_for_parameters();
     return state_->forward_policy().run(std::forward<F>(f), std::forward<Args>(args)...);
   }
   auto operator->() { return module_.operator->(); }

@@ -34,6 +34,7 @@ ParamSlots::ParamSlots(torch::nn::Module& module, const torch::optim::Optimizer&
                   ") is not a parameter of the model");
       // Casting the model later keeps each parameter's TensorImpl (set_data), so the index stays valid.
       index_of_[p.unsafeGetTensorImpl()] = index;
+      index_of_name_[it->second] = index;
       slots_.push_back(ParamSlot{it->second, p, p, false});
       ++index;
     }
@@ -46,10 +47,8 @@ int64_t ParamSlots::index_of(const at::Tensor& model) const {
 }
 
 int64_t ParamSlots::index_of(const std::string& name) const {
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].name == name) return static_cast<int64_t>(i);
-  }
-  return -1;
+  const auto it = index_of_name_.find(name);
+  return it == index_of_name_.end() ? -1 : it->second;
 }
 
 std::string ParamSlots::name(int64_t index) const {

@@ -67,11 +67,9 @@ class State : public std::enable_shared_from_this<State> {
   const Options& options() const { return options_; }
   const Options::Resolved& policy() const { return policy_; }
   const ForwardPolicy& forward_policy() const { return forward_; }
-  /// amp::Model's forward() and call() run this first: completes whatever the last step() left in flight (a ZeRO
-  /// parameter all-gather under ZeroPublish::kAtNextForward). One virtual call otherwise.
-  void before_forward() { owner_->wait_for_parameters(); }
-  /// Completes a pending ZeRO parameter all-gather into the model parameters (Note [deferred publish]); nothing to do
-  /// when none is pending.
+  /// Completes whatever the last step() left in flight into the model parameters (a ZeRO parameter all-gather under
+  /// ZeroPublish::kAtNextForward, Note [deferred publish]): amp::Model's forward() and call() run it first, and
+  /// Optimizer::wait_for_parameters(). One virtual call when nothing is pending.
   void wait_for_parameters() { owner_->wait_for_parameters(); }
   const c10::Device& device() const { return slots_.device(); }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <sstream>
 #include <string>
-#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -223,8 +222,6 @@ void ZeroShard::read_shard(const std::string& bytes, ShardLoad& load) const {
                     has.back().scalar_type() == at::kByte,
                 "the shard's '", field, "' entries are malformed");
   }
-  std::unordered_map<std::string, int64_t> slot_of;
-  for (size_t i = 0; i < slots_.size(); ++i) slot_of[slots_[i].name] = static_cast<int64_t>(i);
   const auto* rows = table.data_ptr<int64_t>();
   int64_t position = 0;  // where the old piece's values start in the file's flat tensors
   for (int64_t k = 0; k < table.size(0); ++k) {
@@ -232,15 +229,15 @@ void ZeroShard::read_shard(const std::string& bytes, ShardLoad& load) const {
     TORCH_CHECK(name_index >= 0 && name_index < static_cast<int64_t>(names.size()) && offset >= 0 && numel >= 0 &&
                     position + numel <= masters.numel(),
                 "the shard's piece ", k, " is out of range");
-    const auto it = slot_of.find(names[static_cast<size_t>(name_index)]);
-    TORCH_CHECK(it != slot_of.end(), "the shard holds parameter '", names[static_cast<size_t>(name_index)],
+    const int64_t slot_index = slots_.index_of(names[static_cast<size_t>(name_index)]);
+    TORCH_CHECK(slot_index >= 0, "the shard holds parameter '", names[static_cast<size_t>(name_index)],
                 "', which this model does not have (a checkpoint of another model?)");
-    const ParamSlot& slot = slots_[static_cast<size_t>(it->second)];
+    const ParamSlot& slot = slots_[static_cast<size_t>(slot_index)];
     TORCH_CHECK(offset + numel <= slot.model.numel(), "the shard holds elements [", offset, ", ", offset + numel,
                 ") of '", slot.name, "', which has ", slot.model.numel());
     for (size_t i : step_order_) {
       const Piece& p = pieces_[i];
-      if (p.slot != it->second) continue;
+      if (p.slot != slot_index) continue;
       const int64_t lo = std::max(offset, p.param_offset), hi = std::min(offset + numel, p.param_offset + p.numel);
       if (lo >= hi) continue;
       const int64_t src = position + (lo - offset), dst = p.shard_offset + (lo - p.param_offset), n = hi - lo;

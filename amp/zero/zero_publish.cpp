@@ -31,7 +31,7 @@ namespace amp::detail {
 // every rank's chunks arrive in pending_gathered_, not yet in the model. What the caller does before the next
 // forward (zero_grad, loading the next batch, logging) overlaps the transfer. finish_publish then waits and copies
 // exactly as the in-step publish does, so the parameters end bit-identical. It runs
-// - at amp::Model::forward / call (State::before_forward, through GradientOwner::wait_for_parameters), where
+// - at amp::Model::forward / call (State::wait_for_parameters, through GradientOwner::wait_for_parameters), where
 // DeepSpeed's overlap_comm and FSDP's forward prefetch
 //   also wait (here for every bucket at once, before the forward's first layer);
 // - in Optimizer::wait_for_parameters(), for a forward that does not go through amp::Model;

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <string>
-#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -47,8 +46,6 @@ ZeroShard::ZeroShard(const OwnerContext& context, ddp::DistributedDataParallel& 
   const int world = pg_.size();
   const int me = pg_.rank();
 
-  std::unordered_map<std::string, int64_t> slot_of;
-  for (size_t i = 0; i < slots_.size(); ++i) slot_of[slots_[i].name] = static_cast<int64_t>(i);
   std::vector<int64_t> group_of(slots_.size(), 0);
   slot_index_in_group_.assign(slots_.size(), 0);
   {
@@ -72,15 +69,15 @@ ZeroShard::ZeroShard(const OwnerContext& context, ddp::DistributedDataParallel& 
     std::vector<int64_t> members, starts;
     int64_t numel = 0;
     for (const std::string& name : info.parameter_names) {
-      const auto it = slot_of.find(name);
-      TORCH_CHECK(it != slot_of.end(), "amp: ZeRO: parameter '", name,
+      const int64_t index = slots_.index_of(name);
+      TORCH_CHECK(index >= 0, "amp: ZeRO: parameter '", name,
                   "' is reduced by DistributedDataParallel but the optimizer does not hold it; ZeRO shards what the "
                   "optimizer updates, so give the optimizer every parameter that requires grad");
-      const ParamSlot& slot = slots_[static_cast<size_t>(it->second)];
+      const ParamSlot& slot = slots_[static_cast<size_t>(index)];
       TORCH_CHECK(slot.model.is_contiguous(), "amp: ZeRO needs contiguous parameters, but '", name, "' is not");
-      members.push_back(it->second);
+      members.push_back(index);
       starts.push_back(numel);
-      covered[static_cast<size_t>(it->second)] = true;
+      covered[static_cast<size_t>(index)] = true;
       numel += slot.model.numel();
     }
     const c10::ScalarType dtype = slots_[static_cast<size_t>(members.front())].model.scalar_type();

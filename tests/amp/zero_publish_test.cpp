@@ -179,6 +179,11 @@ TEST(ZeroPublishTest, AForwardThatBypassesAmpModelAfterADeferredStepIsRefusedAtT
                                                  "ZeroPublish::kAtNextForward", "did not go through amp::Model",
                                                  "optimizer.wait_for_parameters()"}),
                 "rank ", rank, ", stage ", stage, ": ", message);
+    // The stale forward is what went wrong, so it is named before scale_loss's own checks (here a loss_id out of
+    // range): the check runs first, as it did before State's parts were split out.
+    message = ddp_test::error_of([&] { amp::scale_loss(stale, deferred.optimizer(), /*loss_id=*/7); });
+    TORCH_CHECK(ddp_test::contains_all(message, {"scale_loss began", "still pending"}), "rank ", rank, ", stage ",
+                stage, ": ", message);
     // A synchronized backward outside a scope meets the same check at DDP's first reduced bucket.
     message = ddp_test::error_of([&] { deferred.raw_forward(x).pow(2).mean().backward(); });
     TORCH_CHECK(ddp_test::contains_all(message, {"synchronized backward pass", "still pending", "model.forward"}),
