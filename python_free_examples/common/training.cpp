@@ -24,8 +24,6 @@ namespace {
 constexpr int64_t kSyntheticTrain = 6000;
 constexpr int64_t kSyntheticTest = 1000;
 constexpr int64_t kEvalBatch = 1000;
-constexpr int kProgressWidth = 30;    // characters of the bar
-constexpr int kProgressUpdates = 20;  // redraws per epoch: often enough to watch, rare enough to be cheap
 }  // namespace
 
 void add_common_flags(CLI::App& app, CommonFlags& flags) {
@@ -46,6 +44,10 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--resume", flags.resume,
                  "Continue the run this checkpoint was saved from, at its epoch and batch (same --seed, --batch-size, "
                  "processes and training samples)");
+  app.add_flag("--quiet", flags.quiet, "No progress line (the header, saves and each epoch's result still print)");
+  app.add_option("--progress-every", flags.progress_every,
+                 "When the output is not a terminal, a progress line every this many seconds (0: every step) and at "
+                 "each epoch's end; a terminal gets one line that updates itself");
   app.add_option("--stop-after-steps", flags.stop_after_steps,
                  "For testing resumption: stop after S optimizer steps of this process, mid-epoch if it falls there, "
                  "and write --save");
@@ -104,6 +106,10 @@ void check_common_flags(const CommonFlags& flags) {
   require_positive("--batch-size", flags.batch_size);
   if (!(std::isfinite(flags.lr) && flags.lr > 0)) {
     throw std::invalid_argument(fmt::format("--lr must be a positive finite number, got {}", flags.lr));
+  }
+  if (!(std::isfinite(flags.progress_every) && flags.progress_every >= 0)) {
+    throw std::invalid_argument(fmt::format(
+        "--progress-every must be 0 (every step) or a positive number of seconds, got {}", flags.progress_every));
   }
   if (flags.limit_train < 0) {
     throw std::invalid_argument(fmt::format("--limit-train must be 0 (all) or positive, got {}", flags.limit_train));
@@ -177,7 +183,8 @@ torch::Device pick_device(const std::string& name, int local_rank) {
 }
 
 double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
-                   const Rank& rank, const StepFn& step, int64_t first_batch, const AfterStepFn& after_step) {
+                   const Rank& rank, const StepFn& step, Progress& progress, int64_t first_batch,
+                   const AfterStepFn& after_step) {
   const auto n = static_cast<size_t>(train.images.size(0));
   torch::data::samplers::DistributedRandomSampler sampler(n, static_cast<size_t>(rank.world_size),
                                                           static_cast<size_t>(rank.rank));
@@ -188,11 +195,11 @@ double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch
   const auto order = torch::tensor(shard64, torch::kInt64);
   const auto local = static_cast<int64_t>(shard64.size());
   const int64_t steps = (local + batch_size - 1) / batch_size;
-  const int64_t redraw_every = std::max<int64_t>(1, steps / kProgressUpdates);
 
-  const auto start = std::chrono::steady_clock::now();
-  double loss_sum = 0.0;
+  const auto start = Progress::Clock::now();
   const int64_t first = std::clamp<int64_t>(first_batch, 0, steps);
+  if (rank.rank == 0) progress.begin_epoch(epoch, epochs, steps, first, start);
+  double loss_sum = 0.0;
   int64_t ran = 0;  // batches run by this call
   for (int64_t s = first; s < steps; ++s) {
     auto idx = order.slice(0, s * batch_size, std::min(local, (s + 1) * batch_size));
@@ -201,20 +208,17 @@ double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch
     loss_sum += step(images, labels).item<double>();  // the progress line needs it; one sync per step
     ++ran;
     const bool go_on = !after_step || after_step(s + 1, steps);
-    if (rank.rank == 0 && ((s + 1) % redraw_every == 0 || s + 1 == steps || !go_on)) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (rank.rank == 0) {
+      const auto now = Progress::Clock::now();
+      const double seconds = std::chrono::duration<double>(now - start).count();
       const auto seen =
           static_cast<double>((std::min(local, (s + 1) * batch_size) - first * batch_size) * rank.world_size);
-      const int filled = static_cast<int>(kProgressWidth * (s + 1) / steps);
       // "mean loss": the running mean of rank 0's step losses in this epoch (since the resume, in a resumed epoch).
-      fmt::print("\repoch {}/{} [{}{}] {}/{} mean loss {:.4f} | {:.0f} samples/s", epoch, epochs,
-                 std::string(filled, '#'), std::string(kProgressWidth - filled, '.'), s + 1, steps,
-                 loss_sum / static_cast<double>(ran), seen / seconds);
-      std::fflush(stdout);
+      progress.step_done(s + 1, loss_sum / static_cast<double>(ran), seen / seconds, now, !go_on);
     }
     if (!go_on) break;
   }
-  if (rank.rank == 0) fmt::print("\n");
+  if (rank.rank == 0) progress.end_epoch();
   return ran > 0 ? loss_sum / static_cast<double>(ran) : 0.0;
 }
 
@@ -378,10 +382,11 @@ TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train,
   }
   int64_t steps_here = 0;
   bool stop = false;
+  Progress progress(progress_style(flags.quiet, stdout), flags.progress_every);
   while (position.epoch <= flags.epochs && !stop) {
     const int64_t epoch = position.epoch;
     const double loss =
-        train_epoch(train, static_cast<int>(epoch), flags.epochs, flags.batch_size, device, rank, loop.step,
+        train_epoch(train, static_cast<int>(epoch), flags.epochs, flags.batch_size, device, rank, loop.step, progress,
                     position.batches_done, [&](int64_t batches_done, int64_t batches_in_epoch) {
                       ++position.steps;
                       ++steps_here;
@@ -389,7 +394,7 @@ TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train,
                       if (batches_done >= batches_in_epoch) position = {epoch + 1, 0, position.steps};
                       if ((rank.rank == 0 || loop.save_on_every_rank) && flags.save_every &&
                           position.steps % *flags.save_every == 0) {
-                        if (rank.rank == 0) fmt::print("\n");  // below the progress line
+                        if (rank.rank == 0) progress.interrupt();  // the save's line below the progress line
                         loop.save(position);
                       }
                       stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;

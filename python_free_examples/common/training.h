@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/fashion_mnist.h"
+#include "common/progress.h"
 
 namespace examples {
 
@@ -22,7 +23,7 @@ namespace examples {
 constexpr double kSgdMomentum = 0.9;
 
 /// The flags every example takes (--epochs, --batch-size, --lr, --seed, --device, --synthetic, --data,
-/// --limit-train, --save, --save-every, --resume, --stop-after-steps).
+/// --limit-train, --save, --save-every, --resume, --quiet, --progress-every, --stop-after-steps).
 struct CommonFlags {
   std::string data_dir = kDefaultFashionMnistDir;
   bool synthetic = false;
@@ -35,6 +36,8 @@ struct CommonFlags {
   std::string save;                         // checkpoint written after the last epoch (rank 0); empty: none
   std::string resume;                       // checkpoint read before training; empty: start fresh
   std::optional<int64_t> save_every;        // also write --save every K optimizer steps of the run (rank 0)
+  bool quiet = false;                       // no progress line (Progress, ProgressStyle::kQuiet)
+  double progress_every = 10.0;             // seconds between progress lines when stdout is not a terminal
   std::optional<int64_t> stop_after_steps;  // for testing resumption: stop after S steps of this process
 };
 
@@ -49,9 +52,9 @@ void add_common_flags(CLI::App& app, CommonFlags& flags);
 std::optional<int> parse_flags(CLI::App& app, int argc, char** argv);
 
 /// Checks what CLI11 cannot say well: --epochs and --batch-size positive, --lr positive and finite, --limit-train
-/// not negative, --save-every and --stop-after-steps positive when given, --save-every only with --save, --resume
-/// an existing file, --save's folder existing. Throws std::invalid_argument naming the flag and its value. Called
-/// before anything is loaded or written.
+/// and --progress-every not negative, --save-every and --stop-after-steps positive when given, --save-every only with
+/// --save, --resume an existing file, --save's folder existing. Throws std::invalid_argument naming the flag and its
+/// value. Called before anything is loaded or written.
 void check_common_flags(const CommonFlags& flags);
 
 /// Throws std::invalid_argument("<flag> must be a positive integer, got <value>") unless value > 0.
@@ -107,10 +110,11 @@ using AfterStepFn = std::function<bool(int64_t batches_done, int64_t batches_in_
 /// Runs one epoch over this rank's shard of `train` (torch::data::samplers::DistributedRandomSampler with
 /// set_epoch(epoch), so every rank shuffles alike and the shards are disjoint), in batches of `batch_size`
 /// moved to `device`, starting at batch `first_batch` of the epoch's order (the batches before it were done by the
-/// run a --resume continues). Rank 0 prints a progress line with the mean loss and the job's samples/s (all ranks).
-/// Returns the mean loss of the batches this call ran.
+/// run a --resume continues). Rank 0 shows its progress on `progress` (the mean loss, the job's samples/s over all
+/// ranks, the ETA). Returns the mean loss of the batches this call ran.
 double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
-                   const Rank& rank, const StepFn& step, int64_t first_batch = 0, const AfterStepFn& after_step = {});
+                   const Rank& rank, const StepFn& step, Progress& progress, int64_t first_batch = 0,
+                   const AfterStepFn& after_step = {});
 
 /// Where a run stands, recorded in every checkpoint so that a resumed run continues exactly where the saved one
 /// stood (docs/examples.md, "Resuming").

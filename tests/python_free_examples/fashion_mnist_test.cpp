@@ -165,7 +165,11 @@ TEST(FashionMnistTest, SyntheticDataIsDeterministicPerSeed) {
 
 // --synthetic must be a task that can be learned: what the training split teaches (here, each class's mean image)
 // classifies the test split. Before, the two splits were drawn from unrelated class patterns: chance (~10%).
-TEST(FashionMnistTest, SyntheticTestSplitIsLearnableFromTheTrainingSplit) {
+// It must also not be learned at once (issue 27: 100% after one epoch of 1000 samples, so a --synthetic run could
+// show no regression): the class means name the group of similar classes (Note [synthetic difficulty]) but not the
+// class within it. Measured with a Python twin of the generator, seeds 0-7: group 0.92-0.96, class 0.66-0.75; the
+// generator before this one: class > 0.99.
+TEST(FashionMnistTest, SyntheticTestSplitIsLearnableButNotAtOnce) {
   examples::CommonFlags flags;
   flags.synthetic = true;
   flags.seed = test_util::fresh_seed();
@@ -175,9 +179,14 @@ TEST(FashionMnistTest, SyntheticTestSplitIsLearnableFromTheTrainingSplit) {
   auto means = torch::zeros({kClasses, train_x.size(1)});
   for (int64_t c = 0; c < kClasses; ++c) means[c] = train_x.index({data.train.labels == c}).mean(0);
   const auto predicted = torch::cdist(data.test.images.flatten(1), means).argmin(1);
-  const double accuracy = predicted.eq(data.test.labels).to(torch::kDouble).mean().item<double>();
-  // Nearest class mean is close to the best possible here (equal isotropic noise around each pattern).
-  EXPECT_GT(accuracy, 0.9) << "seed " << flags.seed;
+  const auto rate = [](const torch::Tensor& hits) { return hits.to(torch::kDouble).mean().item<double>(); };
+  // Fashion-MNIST's groups: tops 0 2 4 6, footwear 5 7 9, and 1, 3, 8 alone.
+  const auto group_of = torch::tensor({0, 2, 0, 3, 0, 1, 0, 1, 4, 1}, torch::kInt64);
+  const double group_accuracy = rate(group_of.index({predicted}).eq(group_of.index({data.test.labels})));
+  const double class_accuracy = rate(predicted.eq(data.test.labels));
+  EXPECT_GT(group_accuracy, 0.85) << "seed " << flags.seed;
+  EXPECT_GT(class_accuracy, 0.5) << "seed " << flags.seed;
+  EXPECT_LT(class_accuracy, 0.85) << "seed " << flags.seed << ": the classes are told apart at a glance";
   // Every class appears in the test split.
   EXPECT_EQ(torch::bincount(data.test.labels, {}, kClasses).gt(0).sum().item<int64_t>(), kClasses);
 }

@@ -69,6 +69,10 @@ TEST(CheckCommonFlagsTest, NamesTheFlagAndTheValue) {
   EXPECT_EQ(error_with([](auto& f) { f.lr = std::numeric_limits<double>::infinity(); }),
             "--lr must be a positive finite number, got inf");
   EXPECT_EQ(error_with([](auto& f) { f.limit_train = -1; }), "--limit-train must be 0 (all) or positive, got -1");
+  EXPECT_EQ(error_with([](auto& f) { f.progress_every = -1; }),
+            "--progress-every must be 0 (every step) or a positive number of seconds, got -1");
+  EXPECT_EQ(error_with([](auto& f) { f.progress_every = std::nan(""); }),
+            "--progress-every must be 0 (every step) or a positive number of seconds, got nan");
   EXPECT_EQ(error_with([](auto& f) { f.resume = "/nonexistent/model.pt"; }),
             "--resume '/nonexistent/model.pt': no such file");
   EXPECT_EQ(error_with([](auto& f) { f.resume = "/tmp"; }), "--resume '/tmp': not a file");
