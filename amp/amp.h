@@ -257,6 +257,13 @@ template <typename ModuleHolder>
 void load_checkpoint(const std::string& path, Model<ModuleHolder>& model, Optimizer& optimizer,
                      CheckpointExtras& extras);
 
+/// The checks load_checkpoint makes of the file alone, with no model or optimizer to load into: it reads as a
+/// checkpoint of a known format and every part and extra matches its checksum (a flipped bit fails). Throws
+/// c10::Error, one line naming the path, as load_checkpoint does. Loading can still fail after it passes (another
+/// model, other options). A check for amp::CheckpointDir::load_newest where the real load comes later; the index
+/// of a sharded ZeRO checkpoint does not pass (its shards are checked when it loads).
+void verify_checkpoint(const std::string& path);
+
 /// ZeRO (docs/zero.md): each rank writes its own shard (masters and optimizer state of its pieces) to
 /// "PATH.zero-<generation>-<rank>-of-<N>" and rank 0 then writes the small index at `path`, atomic as a set: `path`
 /// always names a complete set (Note [sharded checkpoint] in amp/io/checkpoint.cpp). Collective: call it on every rank.

@@ -79,6 +79,8 @@ int main(int argc, char** argv) {
   return examples::run_main("amp_ddp", [&] {
     examples::check_common_flags(flags);
     const int local_rank = examples::local_rank_from_launcher(argc, argv, "amp_ddp");
+    // Before joining: the first process of each node speaks for the choice every rank makes alike.
+    examples::resume_from_checkpoint_dir(flags, examples::Rank{local_rank, 1}, amp::verify_checkpoint);
     const torch::Device device = examples::pick_device(flags.device, local_rank);
     torch::manual_seed(flags.seed);
     const examples::Data data = examples::load_data(flags);
@@ -135,7 +137,9 @@ int main(int argc, char** argv) {
 
     const auto save = [&](const examples::TrainingPosition& at) {
       const auto run = examples::capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order());
-      examples::save_amp_checkpoint(flags.save, model, optimizer, run, /*announce=*/rank.rank == 0);
+      examples::write_checkpoint(flags, at, rank, [&](const std::string& path) {
+        examples::save_amp_checkpoint(path, model, optimizer, run, /*announce=*/rank.rank == 0);
+      });
     };
     examples::Loop loop;
     loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {

@@ -32,6 +32,12 @@ int main(int argc, char** argv) {
   return examples::run_main("data_parallel", [&] {
     examples::check_common_flags(flags);
     examples::require_positive("--cpu-replicas", cpu_replicas);
+    // amp's checkpoints carry checksums: a damaged newest one is skipped for its predecessor.
+    if (opt_level != "none") {
+      examples::resume_from_checkpoint_dir(flags, examples::Rank{}, amp::verify_checkpoint);
+    } else {
+      examples::resume_from_checkpoint_dir(flags, examples::Rank{}, amp::check_archive_readable);
+    }
     // "auto" replicates over every visible GPU, or over CPU replicas when there is none; "cuda" (or "cuda:N")
     // asks for GPUs, and having none is an error (pick_device's), not a silent fall back to the CPU.
     const bool use_gpus =
@@ -105,11 +111,13 @@ int main(int argc, char** argv) {
     };
     loop.save = [&](const examples::TrainingPosition& at) {
       const auto run = examples::capture_run_state(flags, 1, train_samples, at);
-      if (mixed) {
-        examples::save_amp_checkpoint(flags.save, mixed->model, mixed->optimizer, run);
-      } else {
-        examples::save_checkpoint(flags.save, *net, sgd, run);
-      }
+      examples::write_checkpoint(flags, at, examples::Rank{}, [&](const std::string& path) {
+        if (mixed) {
+          examples::save_amp_checkpoint(path, mixed->model, mixed->optimizer, run);
+        } else {
+          examples::save_checkpoint(path, *net, sgd, run);
+        }
+      });
     };
     loop.end_epoch = [&](int64_t epoch, double loss) {
       examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
 
   return examples::run_main("train_fashion_mnist", [&] {
     examples::check_common_flags(flags);
+    examples::resume_from_checkpoint_dir(flags, examples::Rank{}, amp::check_archive_readable);
     torch::manual_seed(flags.seed);
     const torch::Device device = examples::pick_device(flags.device);
     const examples::Data data = examples::load_data(flags);
@@ -35,8 +36,9 @@ int main(int argc, char** argv) {
     }
     auto forward = [&](const torch::Tensor& images) { return model->forward(images); };
     auto save = [&](const examples::TrainingPosition& at) {
-      examples::save_checkpoint(flags.save, *model, optimizer,
-                                examples::capture_run_state(flags, 1, train_samples, at));
+      examples::write_checkpoint(flags, at, examples::Rank{}, [&](const std::string& path) {
+        examples::save_checkpoint(path, *model, optimizer, examples::capture_run_state(flags, 1, train_samples, at));
+      });
     };
     examples::Loop loop;
     loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {

@@ -1,5 +1,7 @@
 #include <amp/io/archive_error.h>
 
+#include <c10/util/Exception.h>
+
 namespace amp {
 namespace {
 
@@ -22,6 +24,25 @@ std::string short_archive_error(const std::string& message) {
     return message.substr(0, start) + "damaged or truncated zip archive (" + reason.substr(opening.size()) + ")";
   }
   return message.substr(0, start) + "unreadable zip archive (" + reason + ")";
+}
+
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      while (!out.empty() && out.back() == ' ') out.pop_back();
+      if (!out.empty()) out += "; ";
+      while (i + 1 < text.size() && (text[i + 1] == ' ' || text[i + 1] == '\n')) ++i;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+std::string exception_line(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return one_line(short_archive_error(error->msg()));
+  return one_line(short_archive_error(e.what()));
 }
 
 }  // namespace amp

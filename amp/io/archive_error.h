@@ -1,5 +1,6 @@
 #pragma once
 
+#include <exception>
 #include <string>
 
 namespace amp {
@@ -11,5 +12,12 @@ namespace amp {
 /// opened, "unreadable zip archive (locating file data/0: file not found)" for a failure inside it. Whatever comes
 /// before the reader's part is kept; any other message is returned unchanged.
 std::string short_archive_error(const std::string& message);
+
+/// One line: newlines (LibTorch's multi-line messages) become "; ".
+std::string one_line(const std::string& text);
+
+/// The message of an exception as one line, without a C++ backtrace (c10::Error::what() carries one) and without the
+/// zip reader's paragraph of advice (short_archive_error).
+std::string exception_line(const std::exception& e);
 
 }  // namespace amp

@@ -61,28 +61,6 @@ constexpr const char* kExtrasPart = "extras";   // Note [checkpoint extras]
 constexpr const char* kExtraPrefix = "extra_";  // extra NAME is the entry "extra_NAME"
 constexpr size_t kMaxExtraNameLength = 64;
 
-/// One line: newlines (LibTorch's multi-line messages) become "; ".
-std::string one_line(const std::string& text) {
-  std::string out;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      while (!out.empty() && out.back() == ' ') out.pop_back();
-      if (!out.empty()) out += "; ";
-      while (i + 1 < text.size() && (text[i + 1] == ' ' || text[i + 1] == '\n')) ++i;
-    } else {
-      out += text[i];
-    }
-  }
-  return out;
-}
-
-/// The message of an exception without a C++ backtrace (c10::Error::what() carries one), and without the zip
-/// reader's paragraph of advice (short_archive_error).
-std::string message_of(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return one_line(short_archive_error(error->msg()));
-  return one_line(short_archive_error(e.what()));
-}
-
 /// Throws a c10::Error carrying no backtrace: "checkpoint 'PATH': WHAT".
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw c10::Error("checkpoint '" + path + "': " + one_line(what));
@@ -94,7 +72,7 @@ auto checked(const std::string& path, const std::string& context, F&& f) -> decl
   try {
     return f();
   } catch (const std::exception& e) {
-    fail(path, context + message_of(e));
+    fail(path, context + exception_line(e));
   }
 }
 
@@ -317,7 +295,7 @@ void save_checkpoint(const std::string& path, State& state, const CheckpointExtr
     try {
       save_archive_atomically(all, path);
     } catch (const std::exception& e) {
-      failure = message_of(e);  // write_file_atomically's message names the path already
+      failure = exception_line(e);  // write_file_atomically's message names the path already
       if (zero == nullptr) throw c10::Error(failure);
     }
   }
@@ -353,7 +331,7 @@ void load_checkpoint(const std::string& path, State& state, CheckpointExtras* ex
   try {
     apply = load_checked_parts(path, state, extras, /*defer=*/true);
   } catch (const std::exception& e) {
-    failure = message_of(e);
+    failure = exception_line(e);
   }
   const int64_t failed = zero->count_failures(failure.empty());
   if (failed == 0) {
@@ -392,7 +370,7 @@ std::function<void()> load_checked_parts(const std::string& path, State& state, 
   try {
     state.optimizer().load(optimizer_part);
   } catch (const std::exception& e) {
-    const std::string why = message_of(e);
+    const std::string why = exception_line(e);
     restore_optimizer(state, before);
     fail(path, "its optimizer part does not fit this " + loading + ": " + why);
   }
@@ -505,10 +483,10 @@ void load_sharded(const std::string& path, State& state, ZeroShard& zero, Checkp
       optimizer_loaded = true;
     } catch (const std::exception& e) {
       restore_optimizer(state, before);
-      fail(path, "its optimizer state does not fit this " + loading + ": " + message_of(e));
+      fail(path, "its optimizer state does not fit this " + loading + ": " + exception_line(e));
     }
   } catch (const std::exception& e) {
-    failure = message_of(e);
+    failure = exception_line(e);
   }
   const int64_t failed = zero.count_failures(failure.empty());
   if (failed > 0) {
@@ -556,7 +534,7 @@ void save_checkpoint_sharded(const std::string& path, State& state, const Checkp
     write_entry(shard, "shard", zero->save_shard());
     save_archive_atomically(shard, directory_of(path) + shard_name(zero->rank()));
   } catch (const std::exception& e) {
-    failure = message_of(e);
+    failure = exception_line(e);
   }
   if (zero->count_failures(failure.empty()) > 0) {
     if (!failure.empty()) throw c10::Error(failure);
@@ -586,7 +564,7 @@ void save_checkpoint_sharded(const std::string& path, State& state, const Checkp
         if (!kept) std::remove((directory_of(path) + old).c_str());
       }
     } catch (const std::exception& e) {
-      failure = message_of(e);
+      failure = exception_line(e);
     }
   }
   if (zero->count_failures(failure.empty()) > 0) {
@@ -596,3 +574,12 @@ void save_checkpoint_sharded(const std::string& path, State& state, const Checkp
 }
 
 }  // namespace amp::detail
+
+namespace amp {
+
+void verify_checkpoint(const std::string& path) {
+  detail::Parts parts;
+  detail::read_parts(path, c10::Device(c10::kCPU), parts);
+}
+
+}  // namespace amp

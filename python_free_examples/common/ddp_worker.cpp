@@ -48,7 +48,11 @@ void check_replicas_if_asked(const DdpFlags& flags, const torch::nn::Module& mod
 
 std::string backend_for(const torch::Device& device) { return device.is_cuda() ? "nccl" : "gloo"; }
 
-void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::InitOptions init, int local_rank) {
+void train_ddp_worker(const CommonFlags& flags_given, const DdpFlags& ddp_flags, ddp::InitOptions init,
+                      int local_rank) {
+  CommonFlags flags = flags_given;
+  // Before joining: the first process of each node speaks for the choice every rank makes alike.
+  resume_from_checkpoint_dir(flags, Rank{local_rank, 1}, amp::check_archive_readable);
   const torch::Device device = pick_device(flags.device, local_rank);
   // Same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's state at construction).
   torch::manual_seed(flags.seed);
@@ -85,8 +89,10 @@ void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::
   if (saved) ddp.restore_gradient_order(saved->ddp_gradient_order);  // the saved run's bucket layout (collective)
 
   const auto save = [&](const TrainingPosition& at) {
-    save_checkpoint(flags.save, *net, optimizer,
-                    capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order()));
+    write_checkpoint(flags, at, rank, [&](const std::string& path) {
+      save_checkpoint(path, *net, optimizer,
+                      capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order()));
+    });
   };
   Loop loop;
   loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {

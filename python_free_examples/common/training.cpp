@@ -16,6 +16,7 @@
 
 #include <amp/io/archive_error.h>
 #include <amp/io/atomic_file.h>
+#include <amp/io/checkpoint_dir.h>
 #include <fmt/format.h>
 
 namespace examples {
@@ -44,6 +45,11 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--resume", flags.resume,
                  "Continue the run this checkpoint was saved from, at its epoch and batch (same --seed, --batch-size, "
                  "processes and training samples)");
+  app.add_option("--keep-last", flags.keep_last, "Checkpoints --checkpoint-dir keeps (> 0)");
+  app.add_option("--checkpoint-dir", flags.checkpoint_dir,
+                 "Keep checkpoints in this folder, one per --save-every steps and one at the end (step-N.pt, the "
+                 "newest --keep-last kept), and on start continue from the newest one that reads (a damaged newer one "
+                 "is skipped with a warning); replaces --save and --resume");
   app.add_flag("--quiet", flags.quiet, "No progress line (the header, saves and each epoch's result still print)");
   app.add_option("--progress-every", flags.progress_every,
                  "When the output is not a terminal, a progress line every this many seconds (0: every step) and at "
@@ -114,9 +120,23 @@ void check_common_flags(const CommonFlags& flags) {
   if (flags.limit_train < 0) {
     throw std::invalid_argument(fmt::format("--limit-train must be 0 (all) or positive, got {}", flags.limit_train));
   }
+  require_positive("--keep-last", flags.keep_last);
+  if (!flags.checkpoint_dir.empty()) {
+    if (!flags.save.empty() || !flags.resume.empty()) {
+      throw std::invalid_argument(fmt::format(
+          "--checkpoint-dir '{}' replaces --save and --resume: give one or the other", flags.checkpoint_dir));
+    }
+    struct stat dir_info {};
+    if (::stat(flags.checkpoint_dir.c_str(), &dir_info) == 0 && !S_ISDIR(dir_info.st_mode)) {
+      throw std::invalid_argument(
+          fmt::format("--checkpoint-dir '{}': it is a file, not a folder", flags.checkpoint_dir));
+    }
+  }
   if (flags.save_every) {
     require_positive("--save-every", *flags.save_every);
-    if (flags.save.empty()) throw std::invalid_argument("--save-every needs --save (the checkpoint it writes)");
+    if (flags.save.empty() && flags.checkpoint_dir.empty()) {
+      throw std::invalid_argument("--save-every needs --save or --checkpoint-dir (where it writes)");
+    }
   }
   if (flags.stop_after_steps) require_positive("--stop-after-steps", *flags.stop_after_steps);
   struct stat info {};
@@ -431,7 +451,34 @@ void print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy
 
 bool final_save_needed(const CommonFlags& flags, const TrainingPosition& start, const TrainingPosition& end) {
   const bool saved_by_save_every = flags.save_every && end.steps > start.steps && end.steps % *flags.save_every == 0;
-  return !flags.save.empty() && !saved_by_save_every;
+  return (!flags.save.empty() || !flags.checkpoint_dir.empty()) && !saved_by_save_every;
+}
+
+void resume_from_checkpoint_dir(CommonFlags& flags, const Rank& rank,
+                                const std::function<void(const std::string& path)>& check) {
+  if (flags.checkpoint_dir.empty()) return;
+  const amp::CheckpointDir dir(flags.checkpoint_dir, flags.keep_last);
+  const auto newest = dir.load_newest(check, [&](const std::string& line) {
+    if (rank.rank == 0) fmt::print(stderr, "warning: --checkpoint-dir: {}\n", line);
+  });
+  if (newest) {
+    flags.resume = newest->path;
+    if (rank.rank == 0) fmt::print("--checkpoint-dir: continuing from {}\n", newest->path);
+  }
+}
+
+void write_checkpoint(const CommonFlags& flags, const TrainingPosition& at, const Rank& rank,
+                      const std::function<void(const std::string& path)>& write) {
+  if (flags.checkpoint_dir.empty()) {
+    write(flags.save);
+    return;
+  }
+  const amp::CheckpointDir dir(flags.checkpoint_dir, flags.keep_last);
+  if (rank.rank == 0) {
+    dir.save(at.steps, write);
+  } else {
+    write(dir.path_for(at.steps));  // a collective save's other ranks: rank 0 writes the file
+  }
 }
 
 void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <amp/amp.h>
+#include <amp/io/checkpoint_dir.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
@@ -23,7 +24,8 @@ namespace examples {
 constexpr double kSgdMomentum = 0.9;
 
 /// The flags every example takes (--epochs, --batch-size, --lr, --seed, --device, --synthetic, --data,
-/// --limit-train, --save, --save-every, --resume, --quiet, --progress-every, --stop-after-steps).
+/// --limit-train, --save, --save-every, --resume, --checkpoint-dir, --keep-last, --quiet, --progress-every,
+/// --stop-after-steps).
 struct CommonFlags {
   std::string data_dir = kDefaultFashionMnistDir;
   bool synthetic = false;
@@ -36,6 +38,8 @@ struct CommonFlags {
   std::string save;                         // checkpoint written after the last epoch (rank 0); empty: none
   std::string resume;                       // checkpoint read before training; empty: start fresh
   std::optional<int64_t> save_every;        // also write --save every K optimizer steps of the run (rank 0)
+  std::string checkpoint_dir;               // amp::CheckpointDir: saves by step, resumes from the newest readable
+  int64_t keep_last = 3;                    // checkpoints --checkpoint-dir keeps
   bool quiet = false;                       // no progress line (Progress, ProgressStyle::kQuiet)
   double progress_every = 10.0;             // seconds between progress lines when stdout is not a terminal
   std::optional<int64_t> stop_after_steps;  // for testing resumption: stop after S steps of this process
@@ -177,9 +181,24 @@ struct Loop {
 TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
                               const Rank& rank, TrainingPosition position, const Loop& loop);
 
-/// Whether the run that went from `start` to `end` (train_epochs) must still write --save: it was given, and no
+/// Whether the run that went from `start` to `end` (train_epochs) must still write --save (or into --checkpoint-dir):
+/// one was given, and no
 /// --save-every save wrote `end` already (a run stopped by --stop-after-steps on a multiple of --save-every).
 bool final_save_needed(const CommonFlags& flags, const TrainingPosition& start, const TrainingPosition& end);
+
+/// --checkpoint-dir (docs/examples.md, "Restarting without a person"): when given, sets `flags.resume` to the newest
+/// checkpoint in the folder that passes `check` (amp::CheckpointDir::load_newest: amp::check_archive_readable for
+/// plain checkpoints, amp::verify_checkpoint for amp's, which also verifies the checksums); a newer one that fails is
+/// skipped with a warning on stderr (from `rank` 0). Leaves it empty in a folder that holds none (a fresh start).
+/// Every rank makes the same choice from the same files. Call it after check_common_flags.
+void resume_from_checkpoint_dir(CommonFlags& flags, const Rank& rank,
+                                const std::function<void(const std::string& path)>& check);
+
+/// Writes the checkpoint of the run at `at` with `write(path)`: to --save, or with --checkpoint-dir to its file for
+/// the step, the folder then pruned to --keep-last (on rank 0; the other ranks only call `write`, for a collective
+/// save). Call it on every rank that takes part in the save.
+void write_checkpoint(const CommonFlags& flags, const TrainingPosition& at, const Rank& rank,
+                      const std::function<void(const std::string& path)>& write);
 
 /// Fraction of `split` that `forward` classifies correctly, in eval mode on `module` (restored to train mode
 /// after). Local: no collectives.

@@ -189,7 +189,7 @@ TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
       {"--save-every -2", {{"--save-every", "-2"}}, {"--save-every must be a positive integer, got -2"}},
       {"--save-every without --save",
        {{"--save-every", "5"}},
-       {"--save-every needs --save (the checkpoint it writes)"},
+       {"--save-every needs --save or --checkpoint-dir (where it writes)"},
        {"--save"}},
       {"--stop-after-steps 0", {{"--stop-after-steps", "0"}}, {"--stop-after-steps must be a positive integer, got 0"}},
       {"missing data", {{"--data", no_data}}, {no_data + "/train-images-idx3-ubyte[.gz] not found"}, {"--synthetic"}},

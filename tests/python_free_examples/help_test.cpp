@@ -16,10 +16,15 @@ using example_test::ProcessResult;
 using Defaults = std::vector<std::pair<std::string, std::string>>;  // option, the default --help shows
 
 /// The defaults of the flags every example shares (examples::CommonFlags).
-const Defaults kCommonDefaults = {{"--epochs", "1"},          {"--batch-size", "128"},
-                                  {"--lr", "0.05"},           {"--seed", "0"},
-                                  {"--limit-train", "0"},     {"--device", "auto"},
-                                  {"--progress-every", "10"}, {"--data", "/usr/share/datasets/fashion-mnist"}};
+const Defaults kCommonDefaults = {{"--epochs", "1"},
+                                  {"--batch-size", "128"},
+                                  {"--lr", "0.05"},
+                                  {"--seed", "0"},
+                                  {"--limit-train", "0"},
+                                  {"--device", "auto"},
+                                  {"--progress-every", "10"},
+                                  {"--keep-last", "3"},
+                                  {"--data", "/usr/share/datasets/fashion-mnist"}};
 
 struct ExampleHelp {
   std::string name;

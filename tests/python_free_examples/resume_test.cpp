@@ -4,6 +4,7 @@
 // bit for bit the straight run's. And a resume that would not continue the run (another --seed, --batch-size,
 // number of processes or training samples) is a one-line error naming the flag.
 #include <algorithm>
+#include <fstream>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include <amp/amp.h>
+#include <amp/io/checkpoint_dir.h>
 #include <amp/optim/fused_optimizers.h>
 #include <ddp/process_group.h>
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@
 #include "common/small_cnn.h"
 #include "common/training.h"
 #include "python_free_examples/example_process.h"
+#include "test_util.h"
 
 namespace {
 
@@ -97,6 +100,12 @@ int count_of(const std::string& text, const std::string& fragment) {
   return n;
 }
 
+std::vector<int64_t> steps_of(const std::vector<amp::CheckpointDir::Entry>& entries) {
+  std::vector<int64_t> steps;
+  for (const auto& e : entries) steps.push_back(e.step);
+  return steps;
+}
+
 /// What a checkpoint holds that the test compares: the model's values (parameters and buffers, fp32: the masters
 /// under O2) and the run state.
 struct Loaded {
@@ -164,6 +173,16 @@ class ResumeTest : public ::testing::TestWithParam<ResumingExample> {
       GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
     }
   }
+  /// The example's 2 epochs unbroken, as the checkpoint it saves at the end.
+  Loaded train_unbroken() {
+    const std::string straight = scratch_.file("straight.pt");
+    const ProcessResult unbroken = run(GetParam(), {"--epochs", "2", "--save", straight});
+    if (unbroken.exit_code() != 0) {
+      ADD_FAILURE() << "the unbroken run failed: " << unbroken.describe();
+      return {};
+    }
+    return load(GetParam(), straight);
+  }
   example_test::Scratch scratch_;
 };
 
@@ -171,10 +190,8 @@ TEST_P(ResumeTest, AResumedRunEndsBitIdenticalToAnUnbrokenOne) {
   const ResumingExample& example = GetParam();
   const int64_t total_steps = 2 * example.batches_per_epoch;
 
-  const std::string straight = scratch_.file("straight.pt");
-  const ProcessResult unbroken = run(example, {"--epochs", "2", "--save", straight});
-  ASSERT_EQ(unbroken.exit_code(), 0) << unbroken.describe();
-  const Loaded expected = load(example, straight);
+  const Loaded expected = train_unbroken();
+  ASSERT_FALSE(HasFailure());
   if (expected.run) {
     EXPECT_EQ(expected.run->position.epoch, 3);  // all of epochs 1 and 2 done
     EXPECT_EQ(expected.run->position.batches_done, 0);
@@ -223,6 +240,58 @@ TEST_P(ResumeTest, AResumedRunEndsBitIdenticalToAnUnbrokenOne) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, ResumeTest, ::testing::ValuesIn(resuming_examples()),
+                         [](const ::testing::TestParamInfo<ResumingExample>& info) { return info.param.name; });
+
+// --checkpoint-dir (issue 23, item 2): a run stopped after 5 steps (saves at steps 2 and 4 and at the stop, the
+// newest 2 kept) and started again with the same command line continues by itself from the newest checkpoint that
+// reads. The newest (step 5) is cut in half before the restart, as a full disk or a bad copy can leave it: the
+// restart skips it with a warning naming it, continues from step 4, and still ends bit for bit the unbroken run.
+class CheckpointDirRestartTest : public ResumeTest {};
+
+TEST_P(CheckpointDirRestartTest, ContinuesFromTheNewestReadableAndEndsBitIdentical) {
+  const ResumingExample& example = GetParam();
+  const int64_t total_steps = 2 * example.batches_per_epoch;
+  const Loaded expected = train_unbroken();
+  ASSERT_FALSE(HasFailure());
+
+  const std::string dir = scratch_.file("checkpoints");  // not there yet: the first save makes it
+  const amp::CheckpointDir checkpoints(dir);
+  const std::vector<std::string> command = {"--epochs",     "2", "--checkpoint-dir", dir,
+                                            "--save-every", "2", "--keep-last",      "2"};
+  std::vector<std::string> stopped = command;
+  stopped.insert(stopped.end(), {"--stop-after-steps", "5"});
+  const ProcessResult first = run(example, stopped);
+  ASSERT_EQ(first.exit_code(), 0) << first.describe();
+  ASSERT_EQ(steps_of(checkpoints.list()), (std::vector<int64_t>{5, 4})) << first.out;  // step 2's was pruned
+
+  const std::string newest = checkpoints.path_for(5);
+  const std::string bytes = test_util::read_file(newest);
+  std::ofstream(newest, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
+  const ProcessResult again = run(example, command);
+  ASSERT_EQ(again.exit_code(), 0) << again.describe();
+  EXPECT_EQ(count_of(again.err, "warning: --checkpoint-dir: skipping " + newest + ": "), 1) << again.describe();
+  EXPECT_NE(again.out.find("--checkpoint-dir: continuing from " + checkpoints.path_for(4)), std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("(step 4 of the run)"), std::string::npos) << again.out;
+  ASSERT_FALSE(checkpoints.list().empty());
+  EXPECT_EQ(checkpoints.list().front().step, total_steps);
+  expect_same_training(expected, load(example, checkpoints.path_for(total_steps)),
+                       "5 steps, the newest save damaged, restarted with the same command line");
+}
+
+std::vector<ResumingExample> restarting_examples() {
+  std::vector<ResumingExample> some;
+  for (const auto& example : resuming_examples()) {
+    // One process, and (with the launcher) two ranks with amp and with ZeRO's collective save.
+    if (example.name == "TrainFashionMnist" || example.name == "AmpDdpO2TwoRanks" ||
+        example.name == "AmpDdpO2ZeroStage2TwoRanks") {
+      some.push_back(example);
+    }
+  }
+  return some;
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, CheckpointDirRestartTest, ::testing::ValuesIn(restarting_examples()),
                          [](const ::testing::TestParamInfo<ResumingExample>& info) { return info.param.name; });
 
 ::testing::AssertionResult is_one_line(const std::string& text) {

@@ -80,7 +80,16 @@ TEST(CheckCommonFlagsTest, NamesTheFlagAndTheValue) {
             "--save '/nonexistent/model.pt': the folder '/nonexistent' does not exist");
   EXPECT_EQ(error_with([](auto& f) { f.save = "/tmp"; }), "--save '/tmp': it is a folder, not a file");
   EXPECT_EQ(error_with([](auto& f) { f.save_every = 0; }), "--save-every must be a positive integer, got 0");
-  EXPECT_EQ(error_with([](auto& f) { f.save_every = 3; }), "--save-every needs --save (the checkpoint it writes)");
+  EXPECT_EQ(error_with([](auto& f) { f.save_every = 3; }),
+            "--save-every needs --save or --checkpoint-dir (where it writes)");
+  EXPECT_EQ(error_with([](auto& f) { f.keep_last = 0; }), "--keep-last must be a positive integer, got 0");
+  EXPECT_EQ(error_with([](auto& f) {
+              f.checkpoint_dir = "/tmp";
+              f.save = "/tmp/lta_model.pt";
+            }),
+            "--checkpoint-dir '/tmp' replaces --save and --resume: give one or the other");
+  EXPECT_EQ(error_with([](auto& f) { f.checkpoint_dir = "/proc/self/status"; }),
+            "--checkpoint-dir '/proc/self/status': it is a file, not a folder");
   EXPECT_EQ(error_with([](auto& f) { f.stop_after_steps = -1; }),
             "--stop-after-steps must be a positive integer, got -1");
   examples::CommonFlags saving_every;
