@@ -33,11 +33,8 @@ int main(int argc, char** argv) {
     examples::check_common_flags(flags);
     examples::require_positive("--cpu-replicas", cpu_replicas);
     // amp's checkpoints carry checksums: a damaged newest one is skipped for its predecessor.
-    if (opt_level != "none") {
-      examples::resume_from_checkpoint_dir(flags, examples::Rank{}, amp::verify_checkpoint);
-    } else {
-      examples::resume_from_checkpoint_dir(flags, examples::Rank{}, amp::check_archive_readable);
-    }
+    examples::resume_from_checkpoint_dir(flags, examples::Rank{},
+                                         opt_level != "none" ? amp::verify_checkpoint : amp::check_archive_readable);
     // "auto" replicates over every visible GPU, or over CPU replicas when there is none; "cuda" (or "cuda:N")
     // asks for GPUs, and having none is an error (pick_device's), not a silent fall back to the CPU.
     const bool use_gpus =

@@ -76,12 +76,16 @@ CheckpointDir::CheckpointDir(std::string folder, int64_t keep_last)
   }
 }
 
+std::string CheckpointDir::in_folder(const std::string& name) const {
+  return (folder_.back() == '/' ? folder_ : folder_ + "/") + name;
+}
+
 std::string CheckpointDir::path_for(int64_t step) const {
   if (step < 0) throw std::invalid_argument("amp::CheckpointDir: step must be >= 0, got " + std::to_string(step));
   char name[32];
   std::snprintf(name, sizeof name, "%s%0*lld%s", kPrefix, static_cast<int>(kStepDigits), static_cast<long long>(step),
                 kSuffix);
-  return (folder_.back() == '/' ? folder_ : folder_ + "/") + name;
+  return in_folder(name);
 }
 
 std::vector<CheckpointDir::Entry> CheckpointDir::list() const {
@@ -132,8 +136,7 @@ void CheckpointDir::prune() const {
     }
   }
   ::closedir(dir);
-  for (const std::string& name : companions)
-    ::unlink(((folder_.back() == '/' ? folder_ : folder_ + "/") + name).c_str());
+  for (const std::string& name : companions) ::unlink(in_folder(name).c_str());
 }
 
 std::optional<CheckpointDir::Entry> CheckpointDir::load_newest(

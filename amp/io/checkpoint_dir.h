@@ -64,6 +64,8 @@ class CheckpointDir {
                                    const std::function<void(const std::string& line)>& warn = {}) const;
 
  private:
+  std::string in_folder(const std::string& name) const;  // "<folder>/<name>"
+
   std::string folder_;
   int64_t keep_last_;
 };
