@@ -4,8 +4,10 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <ddp/progress.h>
 #include <ddp/reducer/model_sync.h>
 #include <ddp/reducer/reducer.h>
 
@@ -39,6 +41,7 @@ class DistributedDataParallel::Impl {
         reducer_(trainable_parameters(*module_), pg_, options_) {}
 
   void before_forward() {
+    if (at::GradMode::is_enabled()) ddp::detail::report_step();  // for the launcher's hang detection (no sync)
     reducer_.prepare_forward();
     if (options_.broadcast_buffers()) detail::broadcast_from_root(pg_, module_->buffers(/*recurse=*/true));
   }

@@ -22,6 +22,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <ddp/progress.h>
+
 #ifdef LIBTORCH_AMP_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
@@ -495,8 +497,11 @@ void ProcessGroup::allreduce_max_(at::Tensor& tensor, const std::string& what) c
 
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
   try {
+    detail::report_collective_begin(what);  // for the launcher's hang detection: a store to memory
     work->wait();
+    detail::report_collective_end();
   } catch (const std::exception& e) {
+    detail::report_collective_end();
     TORCH_CHECK(false, what, " failed on rank ", rank(), " of ", size(), " (backend ", backend_name_,
                 "): a peer process probably exited, or the timeout of ", timeout_.count(),
                 " ms expired. Cause: ", cause_of(e));

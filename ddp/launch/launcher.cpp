@@ -1,5 +1,6 @@
 #include <ddp/launch/launcher.h>
 
+#include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,12 +13,19 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
+#include <ddp/launch/error_file.h>
+#include <ddp/launch/health_watch.h>
+#include <ddp/launch/job_store.h>
+#include <ddp/launch/progress_record.h>
+#include <ddp/launch/restart_policy.h>
 #include <ddp/launch/worker_group.h>
 #include <ddp/process_group.h>
 
@@ -31,6 +39,14 @@ constexpr int kExitNotExecutable = 126;  // the shell's code for "found, but it 
 constexpr int kSignalExitBase = 128;     // the shell's convention for "ended by signal N"
 constexpr int kExitUsage = 2;            // CLI11's and most tools' code for a bad command line
 constexpr int kMaxPort = 65535;
+constexpr int kMaxRestarts = 1000000;  // more is a typo
+/// How long a node whose workers finished waits for the other nodes' (with --max-restarts) when no rendezvous
+/// timeout is given: the workers' own default rendezvous timeout.
+constexpr std::chrono::milliseconds kDefaultNodesDoneWait{600000};
+/// How long node 0's launcher, whose workers finished, waits for the other launchers to leave its store.
+constexpr std::chrono::milliseconds kLeaveWait{10000};
+/// How often a finished node looks at the store while it waits for the others.
+constexpr std::chrono::milliseconds kStorePollInterval{100};
 
 volatile std::sig_atomic_t g_pending_signal = 0;   // to forward, reset by the supervisor
 volatile std::sig_atomic_t g_received_signal = 0;  // the last one received, for the exit code
@@ -80,6 +96,9 @@ void validate(const LaunchConfig& c) {
               "--rendezvous-timeout-s must be a positive number of seconds");
   TORCH_CHECK(!c.collective_timeout || c.collective_timeout->count() > 0,
               "--collective-timeout-s must be a positive number of seconds");
+  TORCH_CHECK(c.max_restarts >= 0, "--max-restarts must be a non-negative integer, got ", c.max_restarts);
+  TORCH_CHECK(c.hang_timeout.count() >= 0, "--hang-timeout-s must be a non-negative number of seconds, got ",
+              c.hang_timeout.count() / 1000.0);
   TORCH_CHECK(!c.command.empty(), "no program given: ddp-launch [options] program [args...]");
 }
 
@@ -192,6 +211,7 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
   // rather than CLI11's "Value 0 not in range 0.000000 to 1797693134862315708145...".
   std::string nproc_per_node, nnodes = "1", node_rank = "0", master_port = std::to_string(c.master_port);
   std::string kill_grace_s = seconds_value(c.kill_grace), rendezvous_timeout_s, collective_timeout_s;
+  std::string max_restarts = std::to_string(c.max_restarts), hang_timeout_s = seconds_value(c.hang_timeout);
   CLI::App app{
       "ddp-launch: starts a data-parallel job's worker processes on this node with the torchrun environment "
       "contract (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK). Options "
@@ -213,6 +233,13 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
   app.add_option("--collective-timeout-s", collective_timeout_s,
                  "Seconds a collective may take before the workers give up (DDP_COLLECTIVE_TIMEOUT_S; default "
                  "1800)");
+  app.add_option("--max-restarts,--max_restarts", max_restarts,
+                 "After a worker fails, start all workers again up to this many times (TORCHELASTIC_RESTART_COUNT "
+                 "tells them which start it is; a program with --checkpoint-dir continues from its newest save)");
+  app.add_option("--hang-timeout-s", hang_timeout_s,
+                 "Seconds a worker may make no progress (steps, collectives) before it is named as hung and the "
+                 "workers are stopped (restarted with --max-restarts); its first step and ddp::ProgressPause are not "
+                 "timed; 0: off");
   app.prefix_command();  // everything from the program on belongs to the program
 
   ParsedLaunchArgs result;
@@ -233,6 +260,8 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
     c.node_rank = int_flag("--node-rank", node_rank, 0, INT_MAX, "a non-negative integer");
     c.master_port = int_flag("--master-port", master_port, 0, kMaxPort, "an integer in [0, 65535]");
     c.kill_grace = seconds_flag("--kill-grace-s", kill_grace_s, /*positive=*/false);
+    c.max_restarts = int_flag("--max-restarts", max_restarts, 0, kMaxRestarts, "an integer in [0, 1000000]");
+    c.hang_timeout = seconds_flag("--hang-timeout-s", hang_timeout_s, /*positive=*/false);
     if (!rendezvous_timeout_s.empty()) {
       c.rendezvous_timeout = seconds_flag("--rendezvous-timeout-s", rendezvous_timeout_s, /*positive=*/true);
     }
@@ -253,7 +282,7 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
 }
 
 std::vector<std::pair<std::string, std::string>> worker_environment(const LaunchConfig& c, int local_rank,
-                                                                    int master_port) {
+                                                                    int master_port, const WorkerAttempt& attempt) {
   const int world_size = c.nnodes * c.nproc_per_node;
   const int rank = c.node_rank * c.nproc_per_node + local_rank;
   std::vector<std::pair<std::string, std::string>> env = {
@@ -269,6 +298,11 @@ std::vector<std::pair<std::string, std::string>> worker_environment(const Launch
   if (c.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) env.emplace_back("OMP_NUM_THREADS", "1");
   if (c.rendezvous_timeout) env.emplace_back(kRendezvousTimeoutEnv, seconds_value(*c.rendezvous_timeout));
   if (c.collective_timeout) env.emplace_back(kCollectiveTimeoutEnv, seconds_value(*c.collective_timeout));
+  env.emplace_back("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt.restart_count));
+  env.emplace_back("TORCHELASTIC_MAX_RESTARTS", std::to_string(c.max_restarts));
+  env.emplace_back("TORCHELASTIC_USE_AGENT_STORE", attempt.agent_store ? "True" : "False");
+  if (!attempt.error_file.empty()) env.emplace_back(kErrorFileEnv, attempt.error_file);
+  if (!attempt.progress_file.empty()) env.emplace_back(detail::kProgressFileEnv, attempt.progress_file);
   return env;
 }
 
@@ -304,20 +338,54 @@ std::optional<ProgramProblem> check_program(const std::string& program) {
   return ProgramProblem{kExitNotFound, message};
 }
 
-int run_launch(const LaunchConfig& c, std::ostream& log) {
-  validate(c);
-  // Before any worker starts: a program that cannot run is one line, not the same error from every worker.
-  if (const std::optional<ProgramProblem> problem = check_program(c.command.front())) {
-    log << "ddp-launch: " << problem->message << std::endl;
-    return problem->exit_code;
+namespace {
+
+/// A folder for the workers' error files (TORCHELASTIC_ERROR_FILE) and progress files (DDP_PROGRESS_FILE), removed
+/// with what is in it at the end.
+class LaunchFolder {
+ public:
+  LaunchFolder() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp-launch-XXXXXX";
+    if (::mkdtemp(pattern.data()) != nullptr) dir_ = pattern;  // else the workers get no error file
   }
-  const int port = c.master_port != 0 ? c.master_port : detail::find_free_port(c.master_addr);
-  SignalForwarding forwarding;
+  ~LaunchFolder() {
+    if (dir_.empty()) return;
+    if (DIR* d = ::opendir(dir_.c_str())) {
+      while (const dirent* entry = ::readdir(d)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") ::unlink((dir_ + "/" + name).c_str());
+      }
+      ::closedir(d);
+    }
+    ::rmdir(dir_.c_str());
+  }
+  LaunchFolder(const LaunchFolder&) = delete;
+  LaunchFolder& operator=(const LaunchFolder&) = delete;
+
+  /// The error file of one worker in one attempt; "" when the folder could not be made.
+  std::string error_file(int attempt, int rank) const {
+    if (dir_.empty()) return "";
+    return dir_ + "/attempt" + std::to_string(attempt) + "-rank" + std::to_string(rank) + ".json";
+  }
+  /// The folder; "" when it could not be made.
+  const std::string& path() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+/// Starts this node's workers for one attempt into `group`.
+void start_workers(const LaunchConfig& c, int port, const WorkerAttempt& base, int attempt_number,
+                   const LaunchFolder& folder, const detail::HealthWatch* watch, detail::WorkerGroup& group) {
   const pid_t parent = ::getpid();
-  detail::WorkerGroup group;
   for (int local_rank = 0; local_rank < c.nproc_per_node; ++local_rank) {
+    const int rank = c.node_rank * c.nproc_per_node + local_rank;
+    WorkerAttempt attempt = base;
+    attempt.error_file = folder.error_file(attempt_number, rank);
+    if (watch != nullptr) attempt.progress_file = watch->file(local_rank);
     CStrings argv(worker_command(c, local_rank));
-    CStrings envp = full_environment(worker_environment(c, local_rank, port));
+    CStrings envp = full_environment(worker_environment(c, local_rank, port, attempt));
     // The worker's stderr comes through us, so that a failure summary can quote its last line.
     int stderr_pipe[2];
     TORCH_CHECK(::pipe2(stderr_pipe, O_CLOEXEC) == 0, "pipe() failed for local rank ", local_rank, ": ",
@@ -337,21 +405,177 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
       ::_exit(kExitNotFound);
     }
     ::close(stderr_pipe[1]);
-    group.add(c.node_rank * c.nproc_per_node + local_rank, local_rank, pid, /*message_fd=*/-1, stderr_pipe[0]);
+    ::unlink(attempt.error_file.c_str());  // (none yet: the worker writes one only when it fails)
+    group.add(rank, local_rank, pid, /*message_fd=*/-1, stderr_pipe[0], attempt.error_file);
   }
-  const std::vector<detail::WorkerExit> failures = group.wait(c.kill_grace, &g_pending_signal, STDERR_FILENO);
-  const int received = g_received_signal;
-  const bool asked_to_stop = received != 0 && (failures.empty() || failures.front().after_forwarded_signal);
-  if (!failures.empty() && !asked_to_stop) log << detail::describe_failures(failures, "ddp-launch: ");
-  if (received != 0) {
-    log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received)
-        << "): forwarded it to its " << c.nproc_per_node << " worker" << (c.nproc_per_node == 1 ? "" : "s")
-        << " and stopped them" << std::endl;
+}
+
+/// How one attempt ended on this node.
+struct AttemptEnd {
+  bool succeeded = false;
+  bool asked_to_stop = false;  // the launcher received SIGINT/SIGTERM
+  int exit_code = 0;           // when it failed
+  std::string cause;           // when it failed: one line, the cause every node agrees on
+};
+
+/// The root cause's line of a failure summary, without the prefix and role: what a restart is logged with.
+std::string cause_line(const std::vector<detail::WorkerExit>& failures) {
+  std::string line = detail::describe_failures(failures, "");
+  line = line.substr(0, line.find('\n'));
+  const std::string role = "root cause: ";
+  if (line.rfind(role, 0) == 0) line.erase(0, role.size());
+  return line;
+}
+
+/// With several nodes, after this node's workers finished: waits until every node's have, or one node failed
+/// (then returns its cause: the job is not done until all nodes are).
+std::optional<std::string> wait_for_other_nodes(const LaunchConfig& c, detail::JobStore& store, int attempt) {
+  const auto deadline = std::chrono::steady_clock::now() + c.rendezvous_timeout.value_or(kDefaultNodesDoneWait);
+  int64_t done = store.report_done(attempt);
+  while (done < c.nnodes && g_received_signal == 0) {
+    if (store.failed(attempt)) {
+      std::this_thread::sleep_for(detail::kCauseGatherWindow);
+      return store.cause_of(attempt).value_or("another node failed");
+    }
+    TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "this node's workers finished, but only ", done, " of ",
+                c.nnodes, " nodes reported theirs within ",
+                seconds_value(c.rendezvous_timeout.value_or(kDefaultNodesDoneWait)), " s (--rendezvous-timeout-s)");
+    std::this_thread::sleep_for(kStorePollInterval);
+    done = store.nodes_done(attempt);
   }
-  log.flush();
-  if (!failures.empty() && !asked_to_stop) return detail::exit_code_of(failures.front().wait_status);
-  if (received != 0) return kSignalExitBase + received;
-  return 0;
+  // Node 0's launcher hosts the store: it leaves last, once every other node has no call to it waiting for an
+  // answer (else theirs fails, and LibTorch prints a backtrace).
+  if (c.node_rank == 0) {
+    store.wait_for_leavers(attempt, c.nnodes - 1, kLeaveWait);
+  } else {
+    store.leave(attempt);
+  }
+  return std::nullopt;
+}
+
+/// When a failure happened, on the wall clock (which the nodes share, unlike their steady clocks).
+std::chrono::system_clock::time_point wall_time_of(std::chrono::steady_clock::time_point when) {
+  return std::chrono::system_clock::now() -
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::steady_clock::now() - when);
+}
+
+/// Runs one attempt: starts this node's workers, supervises them and, with a job store, agrees with the other
+/// nodes on how it ended.
+AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::JobStore* store,
+                       const LaunchFolder& folder, std::ostream& log) {
+  std::optional<detail::HealthWatch> watch;
+  if (c.hang_timeout.count() > 0 && !folder.path().empty()) {
+    std::vector<int> ranks;
+    for (int local_rank = 0; local_rank < c.nproc_per_node; ++local_rank) {
+      ranks.push_back(c.node_rank * c.nproc_per_node + local_rank);
+    }
+    watch.emplace(folder.path(), attempt, ranks, c.hang_timeout);
+  }
+  detail::WorkerGroup group;  // (after the watch: the workers are gone before their progress files)
+  start_workers(c, port, WorkerAttempt{attempt, store != nullptr, "", ""}, attempt, folder, watch ? &*watch : nullptr,
+                group);
+  const bool shared = store != nullptr && c.nnodes > 1;
+  const std::string node = "node " + std::to_string(c.node_rank) + ": ";
+  std::optional<std::chrono::steady_clock::time_point> failure_seen;  // (shared) when this node first knew
+  detail::WaitHooks hooks;
+  if (watch) {
+    hooks.find_hang = [&]() -> std::optional<std::pair<int, std::string>> {
+      const auto hang = watch->check(std::chrono::steady_clock::now());
+      if (!hang) return std::nullopt;
+      return std::make_pair(hang->local_rank, hang->message);
+    };
+  }
+  if (shared) {
+    hooks.stop_requested = [&] {
+      if (!store->failed(attempt)) return false;
+      failure_seen = std::chrono::steady_clock::now();
+      return true;
+    };
+    // Reported at once, so that the other nodes stop their workers; which failure was first is decided after.
+    hooks.first_failure = [&](const detail::WorkerExit& first) {
+      failure_seen = std::chrono::steady_clock::now();
+      store->report_failure(attempt, wall_time_of(first.observed), node + cause_line({first}));
+    };
+  }
+  const std::vector<detail::WorkerExit> failures = group.wait(c.kill_grace, &g_pending_signal, STDERR_FILENO, hooks);
+  AttemptEnd end;
+  end.asked_to_stop = g_received_signal != 0 && (failures.empty() || failures.front().after_forwarded_signal);
+  if (end.asked_to_stop) return end;
+  if (failures.empty()) {
+    std::optional<std::string> failure;
+    if (shared) failure = wait_for_other_nodes(c, *store, attempt);
+    end.asked_to_stop = g_received_signal != 0;  // while it waited for the other nodes
+    if (!failure && !end.asked_to_stop) {
+      end.succeeded = true;
+      return end;
+    }
+    if (end.asked_to_stop) return end;
+    log << "ddp-launch: this node's workers finished, but another node's failed: " << *failure << std::endl;
+    end.exit_code = 1;
+    end.cause = *failure;
+    return end;
+  }
+  // The cause all nodes name: asked once every node's report is in.
+  const auto agreed_cause = [&](const std::string& fallback) {
+    if (failure_seen) std::this_thread::sleep_until(*failure_seen + detail::kCauseGatherWindow);
+    return store->cause_of(attempt).value_or(fallback);
+  };
+  const bool local_failure = !failures.front().stopped_by_group;
+  if (local_failure) {
+    end.exit_code = detail::exit_code_of(failures.front().wait_status);
+    end.cause = cause_line(failures);
+    if (shared) end.cause = agreed_cause(node + end.cause);
+    if (shared && end.cause.rfind(node, 0) != 0) {  // this node's workers failed after another node's
+      log << "ddp-launch: another node failed first: " << end.cause << "\n"
+          << detail::describe_failures(failures, "ddp-launch: this node: ");
+    } else {
+      log << detail::describe_failures(failures, "ddp-launch: ");
+    }
+  } else {
+    end.exit_code = 1;
+    end.cause = shared ? agreed_cause("another node failed") : "stopped";
+    log << "ddp-launch: stopped this node's " << c.nproc_per_node << " worker" << (c.nproc_per_node == 1 ? "" : "s")
+        << " after another node's failed: " << end.cause << std::endl;
+  }
+  return end;
+}
+
+}  // namespace
+
+int run_launch(const LaunchConfig& c, std::ostream& log) {
+  validate(c);
+  // Before any worker starts: a program that cannot run is one line, not the same error from every worker.
+  if (const std::optional<ProgramProblem> problem = check_program(c.command.front())) {
+    log << "ddp-launch: " << problem->message << std::endl;
+    return problem->exit_code;
+  }
+  // With restarts, the launchers share a store on the master port (node 0's hosts it; the workers use it too).
+  std::unique_ptr<detail::JobStore> store;
+  if (c.max_restarts > 0) {
+    store = c.node_rank == 0 ? detail::JobStore::host(c.master_port)
+                             : detail::JobStore::connect(c.master_addr, c.master_port,
+                                                         c.rendezvous_timeout.value_or(kDefaultNodesDoneWait));
+  }
+  const int port = store ? store->port() : c.master_port != 0 ? c.master_port : detail::find_free_port(c.master_addr);
+  SignalForwarding forwarding;
+  const LaunchFolder folder;
+  detail::RestartBudget budget(c.max_restarts);
+  for (int attempt = 0;; ++attempt) {
+    const AttemptEnd end = run_attempt(c, port, attempt, store.get(), folder, log);
+    if (end.succeeded) return 0;
+    // Asked to stop (SIGINT/SIGTERM): never restarted. A worker that had failed before keeps its summary and code.
+    if (const int received = g_received_signal; received != 0) {
+      log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received)
+          << "): forwarded it to its " << c.nproc_per_node << " worker" << (c.nproc_per_node == 1 ? "" : "s")
+          << " and stopped them" << std::endl;
+      return end.asked_to_stop ? kSignalExitBase + received : end.exit_code;
+    }
+    if (!budget.record_failure(end.cause)) {
+      log << budget.give_up_summary("ddp-launch: ") << std::flush;
+      return end.exit_code;
+    }
+    log << "ddp-launch: " << budget.restart_line() << std::endl;
+  }
 }
 
 }  // namespace ddp

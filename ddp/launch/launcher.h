@@ -12,6 +12,10 @@ namespace ddp {
 /// torchrun's default rendezvous port.
 constexpr int kDefaultMasterPort = 29500;
 
+/// --hang-timeout-s's default: NCCL's own default collective timeout (10 minutes), which users already know as the
+/// time a stuck rank may take; a healthy step of that length would already fail there. docs/launcher.md, "Faults".
+constexpr std::chrono::milliseconds kDefaultHangTimeout{600000};
+
 /// What ddp-launch was asked to do.
 struct LaunchConfig {
   int nproc_per_node = 1;  // workers on this node
@@ -25,7 +29,23 @@ struct LaunchConfig {
   /// DDP_COLLECTIVE_TIMEOUT_S (see ddp::InitOptions); unset: not passed, the workers' defaults apply.
   std::optional<std::chrono::milliseconds> rendezvous_timeout;
   std::optional<std::chrono::milliseconds> collective_timeout;
+  /// After a failure, start all workers again up to this many times (torchrun's --max-restarts). With restarts the
+  /// launcher of node 0 hosts the rendezvous store on the master port (as torchrun's agent does) and every
+  /// node's launcher watches it, so that all nodes restart together.
+  int max_restarts = 0;
+  /// A worker that makes no progress (training steps, collectives: reported by the library without a host sync) for
+  /// this long is named as hung, and the workers are stopped (and restarted, with restarts left). Its first training
+  /// step and the time it spends in a ddp::ProgressPause (a save, an evaluation) are not timed. 0: off.
+  std::chrono::milliseconds hang_timeout{kDefaultHangTimeout};
   std::vector<std::string> command;  // the worker program and its arguments
+};
+
+/// What one start of the workers tells them beyond the rendezvous (torchrun's names).
+struct WorkerAttempt {
+  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: 0 for the first start
+  bool agent_store = false;   // TORCHELASTIC_USE_AGENT_STORE: the launcher hosts the store, not rank 0
+  std::string error_file;     // TORCHELASTIC_ERROR_FILE: where a failing worker writes its error (ddp::record_error)
+  std::string progress_file;  // DDP_PROGRESS_FILE: where it reports progress for hang detection (ddp/progress.h)
 };
 
 /// The result of parsing ddp-launch's command line: a config to run, or (for --help and for errors) the text
@@ -44,10 +64,11 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv);
 
 /// The environment contract for local worker `local_rank`: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE,
 /// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, OMP_NUM_THREADS=1 when several workers share the node and the
-/// caller did not set it (torchrun's default), and the timeouts that are set (DDP_RENDEZVOUS_TIMEOUT_S,
-/// DDP_COLLECTIVE_TIMEOUT_S, in seconds).
+/// caller did not set it (torchrun's default), the timeouts that are set (DDP_RENDEZVOUS_TIMEOUT_S,
+/// DDP_COLLECTIVE_TIMEOUT_S, in seconds), and the attempt's TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+/// TORCHELASTIC_USE_AGENT_STORE ("True"/"False"), TORCHELASTIC_ERROR_FILE and DDP_PROGRESS_FILE (when given).
 std::vector<std::pair<std::string, std::string>> worker_environment(const LaunchConfig& config, int local_rank,
-                                                                    int master_port);
+                                                                    int master_port, const WorkerAttempt& attempt = {});
 
 /// The worker's argv: the command, with --local-rank=N inserted after the program when local_rank_arg is set.
 std::vector<std::string> worker_command(const LaunchConfig& config, int local_rank);
@@ -66,11 +87,14 @@ struct ProgramProblem {
 /// Does not run anything; a file that changes afterwards still fails in the worker's exec.
 std::optional<ProgramProblem> check_program(const std::string& program);
 
-/// Starts the node's workers and supervises them until all have exited. Each worker's stderr passes through the
-/// launcher line by line (to this process's stderr), which keeps its last line. SIGINT and SIGTERM received
-/// meanwhile are forwarded to every worker. When a worker fails, the others are stopped and `log` gets a summary:
-/// "ddp-launch: root cause: rank R (local rank L, pid P) exited with code C; its last stderr line: ..." for the
-/// first failure, then one "ddp-launch: consequence: ..." line per other failed or stopped worker; workers that
+/// Starts the node's workers and supervises them until all have exited (and, with --max-restarts, starts them
+/// again after a failure: "ddp-launch: restart 1 of 3 after: <cause>", until they succeed or the budget is spent;
+/// then "ddp-launch: gave up after 3 restarts ...; the failures in order:" and one line per failure). A failing
+/// worker's error file (TORCHELASTIC_ERROR_FILE, see ddp::record_error) is quoted in its line. Each worker's stderr
+/// passes through the launcher line by line (to this process's stderr), which keeps its last line. SIGINT and SIGTERM
+/// received meanwhile are forwarded to every worker. When a worker fails, the others are stopped and `log` gets a
+/// summary: "ddp-launch: root cause: rank R (local rank L, pid P) exited with code C; its last stderr line: ..." for
+/// the first failure, then one "ddp-launch: consequence: ..." line per other failed or stopped worker; workers that
 /// failed alike share a line ("ranks 0-1 ..."), and an error every worker hit alike is that one line, with no root
 /// cause (detail::describe_failures). When the
 /// launcher was asked to stop (SIGINT/SIGTERM), the last line says so instead. A program that check_program()

@@ -13,8 +13,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
-#include <ddp/process_group.h>
 #include <ddp/launch/worker_group.h>
+#include <ddp/process_group.h>
 
 namespace ddp {
 namespace {

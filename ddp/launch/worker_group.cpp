@@ -17,6 +17,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <ddp/launch/error_file.h>
+
 namespace ddp::detail {
 namespace {
 
@@ -66,7 +68,7 @@ struct FailureGroup {
   bool alike(const WorkerExit& f) const {
     const WorkerExit& first = *members.front();
     return f.wait_status == first.wait_status && f.stopped_by_group == first.stopped_by_group &&
-           f.message == first.message && f.last_line == first.last_line;
+           f.message == first.message && f.last_line == first.last_line && f.hang == first.hang;
   }
 };
 
@@ -155,7 +157,7 @@ std::string describe_failures(const std::vector<WorkerExit>& failures, const std
   for (size_t i = 0; i < groups.size(); ++i) {
     const WorkerExit& f = *groups[i].members.front();
     const bool plural = groups[i].members.size() > 1;
-    std::string status = describe_status(f.wait_status);
+    std::string status = f.hang.empty() ? describe_status(f.wait_status) : f.hang + ", and was stopped";
     if (plural && status.rfind("was ", 0) == 0) status.replace(0, 3, "were");
     const char* role = one_error_for_all ? "" : i == 0 ? "root cause: " : "consequence: ";
     out << prefix << role << who(groups[i]) << " " << status;
@@ -167,7 +169,8 @@ std::string describe_failures(const std::vector<WorkerExit>& failures, const std
       out.unsetf(std::ios::floatfield);
     }
     if (!f.message.empty()) out << ": " << f.message;
-    if (!f.last_line.empty() && f.last_line != f.message) {
+    // A last line that says the message again ("amp_ddp: <message>") is not repeated.
+    if (!f.last_line.empty() && (f.message.empty() || f.last_line.find(f.message) == std::string::npos)) {
       out << (plural ? "; their last stderr line: " : "; its last stderr line: ") << f.last_line;
     }
     out << "\n";
@@ -175,14 +178,16 @@ std::string describe_failures(const std::vector<WorkerExit>& failures, const std
   return out.str();
 }
 
-void WorkerGroup::add(int rank, int local_rank, pid_t pid, int message_fd, int output_fd) {
+void WorkerGroup::add(int rank, int local_rank, pid_t pid, int message_fd, int output_fd,
+                      const std::string& error_file) {
   // Also set from the parent, so that signals reach the worker's group even before the child ran setpgid.
   ::setpgid(pid, pid);
   for (const int fd : {message_fd, output_fd}) {
     if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   }
-  workers_.push_back(
-      {rank, local_rank, pid, message_fd, output_fd, "", "", true, false, false, std::nullopt, std::nullopt});
+  Worker w{rank, local_rank, pid,   message_fd,   output_fd,    error_file, "", "",
+           true, false,      false, std::nullopt, std::nullopt, "",         {}};
+  workers_.push_back(std::move(w));
 }
 
 std::optional<int> WorkerGroup::reap(Worker& w, bool block) {
@@ -204,7 +209,7 @@ std::optional<int> WorkerGroup::reap(Worker& w, bool block) {
 
 std::string WorkerGroup::read_message(Worker& w) {
   std::string message;
-  if (w.message_fd < 0) return message;
+  if (w.message_fd < 0) return w.error_file.empty() ? "" : read_error_message(w.error_file).value_or("");
   char buffer[4096];
   for (;;) {
     const ssize_t n = ::read(w.message_fd, buffer, sizeof(buffer));
@@ -297,7 +302,8 @@ WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
   while (!exit.message.empty() && (exit.message.back() == '\n' || exit.message.back() == '\r')) exit.message.pop_back();
   exit.last_line = w.last_line;
   // Ended by the group's signal; one that failed on its own meanwhile (its error came first) is not "stopped".
-  exit.stopped_by_group = w.signalled && WIFSIGNALED(status);
+  exit.stopped_by_group = w.signalled && WIFSIGNALED(status) && w.hang.empty();
+  exit.hang = w.hang;
   exit.after_forwarded_signal = w.forwarded;
   const auto now = std::chrono::steady_clock::now();
   // A pipe that closed long before the worker was reaped was closed by the worker itself, not by its exit.
@@ -306,6 +312,7 @@ WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
   // A failed worker's last line is its error, written when it failed: tearing a LibTorch process down can take
   // longer than its peers take to fail after it (seen: 0.03 s the wrong way round), so that time comes first.
   if (w.last_line_at) exit.observed = std::min(exit.observed, *w.last_line_at);
+  if (!w.hang.empty()) exit.observed = w.hang_found_at;
   return exit;
 }
 
@@ -338,6 +345,7 @@ void WorkerGroup::terminate_rest(std::chrono::milliseconds kill_grace, int forwa
                                  std::vector<WorkerExit>& failures) {
   for (Worker& w : workers_) w.signalled = w.running;
   signal_all(SIGTERM);
+  signal_all(SIGCONT);  // a stopped worker (SIGSTOP, a debugger's) takes its SIGTERM only once it runs
   const auto deadline = std::chrono::steady_clock::now() + kill_grace;
   while (reap_ended(/*block=*/false, forward_fd, failures)) {
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -350,8 +358,11 @@ void WorkerGroup::terminate_rest(std::chrono::milliseconds kill_grace, int forwa
 }
 
 std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
-                                          volatile std::sig_atomic_t* pending_signal, int forward_fd) {
+                                          volatile std::sig_atomic_t* pending_signal, int forward_fd,
+                                          const WaitHooks& hooks) {
   std::vector<WorkerExit> failures;
+  auto next_stop_poll = std::chrono::steady_clock::now() + kStopPollInterval;
+  auto next_hang_check = next_stop_poll;
   for (;;) {
     if (pending_signal != nullptr && *pending_signal != 0) {
       const int signal = *pending_signal;
@@ -363,11 +374,41 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
     // on its own is not reported as stopped; they are ordered by when they ended at the end.
     const bool any_running = reap_ended(/*block=*/false, forward_fd, failures);
     if (!failures.empty()) {
+      if (hooks.first_failure) {
+        hooks.first_failure(*std::min_element(failures.begin(), failures.end(),
+                                              [](const auto& a, const auto& b) { return a.observed < b.observed; }));
+      }
       settle(forward_fd, failures);
       terminate_rest(kill_grace, forward_fd, failures);
       break;
     }
     if (!any_running) break;
+    if (hooks.stop_requested && std::chrono::steady_clock::now() >= next_stop_poll) {
+      next_stop_poll = std::chrono::steady_clock::now() + kStopPollInterval;
+      if (hooks.stop_requested()) {
+        terminate_rest(kill_grace, forward_fd, failures);
+        break;
+      }
+    }
+    if (hooks.find_hang && std::chrono::steady_clock::now() >= next_hang_check) {
+      next_hang_check = std::chrono::steady_clock::now() + kStopPollInterval;
+      if (const auto hang = hooks.find_hang()) {
+        Worker& hung = workers_.at(static_cast<size_t>(hang->first));
+        hung.hang = hang->second;
+        hung.hang_found_at = std::chrono::steady_clock::now();
+        if (hooks.first_failure) {
+          WorkerExit first;
+          first.rank = hung.rank;
+          first.local_rank = hung.local_rank;
+          first.pid = hung.pid;
+          first.hang = hung.hang;
+          first.observed = hung.hang_found_at;
+          hooks.first_failure(first);
+        }
+        terminate_rest(kill_grace, forward_fd, failures);
+        break;
+      }
+    }
     pump_output(kPollInterval, forward_fd);
   }
   for (Worker& w : workers_) drain_output(w, forward_fd, /*final=*/true);

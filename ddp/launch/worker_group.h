@@ -5,11 +5,16 @@
 
 #include <chrono>
 #include <csignal>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::detail {
+
+/// How often WorkerGroup::wait asks whether to stop from outside (a store call for ddp-launch: cheap, but not free).
+constexpr std::chrono::milliseconds kStopPollInterval{100};
 
 /// How one worker process ended.
 struct WorkerExit {
@@ -23,6 +28,8 @@ struct WorkerExit {
   bool stopped_by_group = false;
   /// A signal given to wait() (the launcher's SIGINT/SIGTERM) had been forwarded to it before it ended.
   bool after_forwarded_signal = false;
+  /// Hang detection stopped it: how it hung ("made no progress for 60 s ...; last seen ..."), else empty.
+  std::string hang;
   /// When it failed: the time of its last stderr line when it has one (its error message: a process may take a
   /// while to tear down after it, while the peers it left fail at once), else when it ended: when its captured
   /// stderr closed if that was shortly before it was reaped, else when it was reaped.
@@ -43,6 +50,20 @@ int exit_code_of(int wait_status);
 /// stopped say so). Empty for no failures.
 std::string describe_failures(const std::vector<WorkerExit>& failures, const std::string& prefix);
 
+/// What WorkerGroup::wait tells, and asks, the world outside this host.
+struct WaitHooks {
+  /// Asked every kStopPollInterval whether to stop the workers from outside (another node's worker failed): when
+  /// it says so, they are stopped as after a failure (SIGTERM, then SIGKILL after the kill grace) and reported as
+  /// stopped by the group.
+  std::function<bool()> stop_requested;
+  /// Told of the first failure as soon as it is seen, before the others are given time to end (so that another
+  /// node hears of it before its own workers fail as a consequence).
+  std::function<void(const WorkerExit&)> first_failure;
+  /// Asked every kStopPollInterval whether a worker hangs: its local rank and how (HealthWatch). A hung worker is
+  /// the root cause (WorkerExit::hang), and all are stopped as after a failure.
+  std::function<std::optional<std::pair<int, std::string>>()> find_hang;
+};
+
 /// The worker processes of one job on this host, supervised together: the first one that fails takes the others
 /// down, so a job never waits on a peer that is gone. Each worker runs in its own process group (set by the
 /// caller in the child, and again here) so that signals reach the worker and whatever it started.
@@ -57,8 +78,10 @@ class WorkerGroup {
   /// Adopts a started worker; the group closes the descriptors it is given. `message_fd`, when >= 0, is the read
   /// end of a pipe the worker may write a failure message into. `output_fd`, when >= 0, is the read end of the
   /// worker's stderr: the group copies it, line by line as it comes, to `forward_fd` given to wait(), and keeps
-  /// the last non-empty line for the failure summary.
-  void add(int rank, int local_rank, pid_t pid, int message_fd = -1, int output_fd = -1);
+  /// the last non-empty line for the failure summary. `error_file`, when not empty, is the worker's
+  /// TORCHELASTIC_ERROR_FILE: its message is the failure's message (see ddp::record_error).
+  void add(int rank, int local_rank, pid_t pid, int message_fd = -1, int output_fd = -1,
+           const std::string& error_file = "");
 
   /// Waits until every worker has exited. When one fails (nonzero exit or a signal), gives the others up to 2 s
   /// to end on their own (a peer that failed first may still be tearing down), then sends SIGTERM to those still
@@ -66,8 +89,10 @@ class WorkerGroup {
   /// WorkerExit::observed; those the group stopped last; the first is the root cause); returns an empty vector when all
   /// exited with 0. `pending_signal`, when given, is polled: a nonzero value is a signal to forward to every worker
   /// (the launcher's SIGINT/SIGTERM), after which it is reset to 0. Captured stderr goes to `forward_fd`.
+  /// `hooks` connect the wait to other nodes (ddp-launch --max-restarts), see WaitHooks.
   std::vector<WorkerExit> wait(std::chrono::milliseconds kill_grace,
-                               volatile std::sig_atomic_t* pending_signal = nullptr, int forward_fd = STDERR_FILENO);
+                               volatile std::sig_atomic_t* pending_signal = nullptr, int forward_fd = STDERR_FILENO,
+                               const WaitHooks& hooks = {});
 
   /// Sends `signal` to every worker still running (to its process group).
   void signal_all(int signal);
@@ -79,6 +104,7 @@ class WorkerGroup {
     pid_t pid;
     int message_fd;
     int output_fd;
+    std::string error_file;
     std::string partial_line;  // captured stderr after its last newline
     std::string last_line;
     bool running;
@@ -86,6 +112,8 @@ class WorkerGroup {
     bool forwarded;                                                      // a forwarded signal reached it
     std::optional<std::chrono::steady_clock::time_point> output_closed;  // when its stderr pipe reached its end
     std::optional<std::chrono::steady_clock::time_point> last_line_at;   // when its last non-empty line came
+    std::string hang;                                                    // set when hang detection stopped it
+    std::chrono::steady_clock::time_point hang_found_at{};
   };
   /// Reaps `w` if it has exited (or blocks for it when `block`); returns its status when reaped.
   std::optional<int> reap(Worker& w, bool block);

@@ -17,6 +17,8 @@
 #include <amp/io/archive_error.h>
 #include <amp/io/atomic_file.h>
 #include <amp/io/checkpoint_dir.h>
+#include <ddp/launch/error_file.h>
+#include <ddp/progress.h>
 #include <fmt/format.h>
 
 namespace examples {
@@ -432,6 +434,7 @@ TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train,
 
 double test_accuracy(torch::nn::Module& module, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                      const ImageSplit& split, const torch::Device& device) {
+  const ddp::ProgressPause pause("an evaluation");  // not timed by the launcher's hang detection
   torch::NoGradGuard no_grad;
   module.eval();
   int64_t correct = 0;
@@ -469,6 +472,7 @@ void resume_from_checkpoint_dir(CommonFlags& flags, const Rank& rank,
 
 void write_checkpoint(const CommonFlags& flags, const TrainingPosition& at, const Rank& rank,
                       const std::function<void(const std::string& path)>& write) {
+  const ddp::ProgressPause pause("a checkpoint save");  // not timed by the launcher's hang detection
   if (flags.checkpoint_dir.empty()) {
     write(flags.save);
     return;
@@ -556,16 +560,19 @@ std::string one_line(const std::string& message) {
 }
 
 int run_main(const char* program, const std::function<void()>& body) {
+  std::string error;
   try {
     body();
+    return 0;
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "%s: %s\n", program, one_line(e.what_without_backtrace()).c_str());
-    return 1;
+    error = one_line(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", program, one_line(e.what()).c_str());
-    return 1;
+    error = one_line(e.what());
   }
-  return 0;
+  // For the launcher's root-cause line (TORCHELASTIC_ERROR_FILE), before the line to stderr: a pipe may lose it.
+  ddp::record_error(error);
+  std::fprintf(stderr, "%s: %s\n", program, error.c_str());
+  return 1;
 }
 
 }  // namespace examples

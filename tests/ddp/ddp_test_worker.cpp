@@ -3,13 +3,20 @@
 //                                                  DDP training over Gloo; checks that every rank ends with
 //                                                  bit-identical parameters equal to full-batch single-process
 //                                                  training, saves them to DIR/rank<R>.pt; writes the steps done
-//                                                  to DIR/progress<R> as it goes, sleeping MS after each step
+//                                                  to DIR/progress<R> as it goes, sleeping MS after each step;
+//                                                  [--hang-at-step K --hang-rank R]: in the first attempt rank R
+//                                                  stops making progress at step K (waits on nothing, forever);
+//                                                  [--slow-ms MS]: rank 0 takes MS more in step 0 and, paused
+//                                                  (ddp::ProgressPause), in step 3
 //   ddp_test_worker fail --fail-rank R --code C [--message M] [--others barrier] [--exit-delay-ms MS]
 //                                                  rank R (every rank for R = all) prints M to stderr and exits
 //                                                  with C after meeting the
 //                                                  others; the rest sleep (or, with --others barrier, wait in a
 //                                                  barrier that fails when rank R is gone); with MS, rank R
 //                                                  closes its process group and takes MS more to exit
+//                                                  [--fail-attempts K]: only while TORCHELASTIC_RESTART_COUNT < K
+//                                                  (later attempts pass a barrier and exit 0);
+//                                                  [--error-file-only 1]: M goes to the error file, not stderr
 //   ddp_test_worker compare A B                     exits 0 when the parameter files A and B hold equal tensors
 //
 // The timeouts are the launcher's (DDP_*_TIMEOUT_S) when it sets them, else kTimeout.
@@ -21,6 +28,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -31,8 +39,10 @@
 #include <cstdio>
 
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/launch/error_file.h>
 #include <ddp/launch/launch_env.h>
 #include <ddp/process_group.h>
+#include <ddp/progress.h>
 #include <torch/torch.h>
 
 namespace {
@@ -60,15 +70,43 @@ std::pair<torch::Tensor, torch::Tensor> batch(int rank, int step) {
   return {x, y};
 }
 
-void train(const ddp::ProcessGroup& pg, int steps, const std::string& out, std::chrono::milliseconds step_delay) {
+/// Stops making progress for good: skips the step's collectives and waits for something that never comes, while the
+/// other ranks wait for it in theirs (a deadlock).
+[[noreturn]] void hang_forever() {
+  std::promise<void> never;
+  never.get_future().wait();
+  std::abort();  // not reached
+}
+
+/// What train() does besides training: to test hang detection.
+struct TrainFaults {
+  int hang_at = -1;    // --hang-at-step: in the first attempt, rank hang_rank stops making progress at this step
+  int hang_rank = -1;  // --hang-rank
+  int slow_ms = 0;     // --slow-ms: rank 0 spends this long in its first step (not timed) and, in a ProgressPause,
+                       // in step 3 (an evaluation or a save on one rank: the others wait for it, not timed either)
+};
+
+void train(const ddp::ProcessGroup& pg, int steps, const std::string& out, std::chrono::milliseconds step_delay,
+           const TrainFaults& faults = {}) {
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool first_attempt = restart == nullptr || std::string(restart) == "0";
   // Different initializations: DDP must start everyone from rank 0's.
   torch::nn::Sequential model = make_model(100 + pg.rank());
   ddp::DistributedDataParallel ddp(model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.001));
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   for (int step = 0; step < steps; ++step) {
+    if (step == faults.hang_at && pg.rank() == faults.hang_rank && first_attempt) hang_forever();
     const auto [x, y] = batch(pg.rank(), step);
     opt.zero_grad();
-    torch::mse_loss(ddp.forward(x), y).backward();
+    auto loss = torch::mse_loss(ddp.forward(x), y);
+    if (pg.rank() == 0 && faults.slow_ms > 0 && step == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_ms));
+    }
+    if (pg.rank() == 0 && faults.slow_ms > 0 && step == 3) {
+      const ddp::ProgressPause pause("a long evaluation");
+      std::this_thread::sleep_for(std::chrono::milliseconds(faults.slow_ms));
+    }
+    loss.backward();
     opt.step();
     if (!out.empty()) {
       const std::string progress = out + "/progress" + std::to_string(pg.rank());
@@ -159,15 +197,28 @@ int main(int argc, char** argv) {
     const ddp::ProcessGroup& pg = *pg_holder;
     if (mode == "train") {
       train(pg, std::stoi(arg_value(argc, argv, "--steps", "4")), out,
-            std::chrono::milliseconds(std::stoi(arg_value(argc, argv, "--step-delay-ms", "0"))));
+            std::chrono::milliseconds(std::stoi(arg_value(argc, argv, "--step-delay-ms", "0"))),
+            TrainFaults{std::stoi(arg_value(argc, argv, "--hang-at-step", "-1")),
+                        std::stoi(arg_value(argc, argv, "--hang-rank", "-1")),
+                        std::stoi(arg_value(argc, argv, "--slow-ms", "0"))});
       return 0;
     }
     if (mode == "fail") {
       pg.barrier();
       const std::string fail_rank = arg_value(argc, argv, "--fail-rank", "0");
+      const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+      const bool failing_attempt =
+          std::stoi(restart != nullptr ? restart : "0") < std::stoi(arg_value(argc, argv, "--fail-attempts", "1000"));
+      if (!failing_attempt) {  // a restart that goes through: every rank meets the others and ends well
+        pg.barrier();
+        std::cerr << "rank " << pg.rank() << " passed" << std::endl;
+        return 0;
+      }
       if (fail_rank == "all" || pg.rank() == std::stoi(fail_rank)) {
         const std::string message = arg_value(argc, argv, "--message", "");
-        if (!message.empty()) {
+        if (arg_value(argc, argv, "--error-file-only", "") == "1") {
+          ddp::record_error(message);  // nothing on stderr: the launcher must quote the error file
+        } else if (!message.empty()) {
           std::cerr << "ddp_test_worker: " << message << std::endl;
           // The launcher reads its workers' lines as they come; a peer's error written in the same moment could be
           // read in the same poll, in rank order. The pause keeps this failure first by a clear margin.
@@ -190,9 +241,11 @@ int main(int argc, char** argv) {
     std::cerr << "ddp_test_worker: unknown mode '" << mode << "'" << std::endl;
     return 2;
   } catch (const c10::Error& e) {
+    ddp::record_error(e.what_without_backtrace());
     std::cerr << "ddp_test_worker: " << e.what_without_backtrace() << std::endl;
     return 1;
   } catch (const std::exception& e) {
+    ddp::record_error(e.what());
     std::cerr << "ddp_test_worker: " << e.what() << std::endl;
     return 1;
   }

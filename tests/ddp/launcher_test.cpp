@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <regex>
@@ -17,12 +18,15 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/launch/error_file.h>
+#include <ddp/launch/restart_policy.h>
 #include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "cli_help.h"
 #include "ddp/ddp_test_util.h"
+#include "test_util.h"
 
 // ddp-launch and its library part are built when CLI11 is present; LTA_DDP_LAUNCH says so.
 #ifdef LTA_DDP_LAUNCH
@@ -133,6 +137,10 @@ TEST(LaunchArgsTest, BadValuesAreOneLineNamingTheFlagAndTheValue) {
        "--rendezvous-timeout-s must be a positive number of seconds, got 0"},
       {{"--nproc-per-node", "1", "--collective-timeout-s", "nan", "p"},
        "--collective-timeout-s must be a positive number of seconds, got 'nan'"},
+      {{"--nproc-per-node", "1", "--max-restarts", "-1", "p"},
+       "--max-restarts must be an integer in [0, 1000000], got -1"},
+      {{"--nproc-per-node", "1", "--max-restarts", "two", "p"},
+       "--max-restarts must be an integer in [0, 1000000], got 'two'"},
       {{"--nproc-per-node", "1", "--nnodes", "p"}, "--nnodes"},
       {{"p"}, "--nproc-per-node is required"},
   };
@@ -188,6 +196,40 @@ TEST(LaunchArgsTest, WorkerEnvironmentAndCommandFollowTheTorchrunContract) {
   ::setenv("OMP_NUM_THREADS", "4", 1);  // the user's choice is kept
   const auto kept = ddp::worker_environment(c, 0, 4321);
   for (const auto& [key, value] : kept) EXPECT_NE(key, "OMP_NUM_THREADS");
+}
+
+TEST(LaunchArgsTest, EachAttemptTellsTheWorkersWhichStartItIsAndWhereToWriteTheirError) {
+  const auto parsed = parse({"--nproc-per-node", "2", "--max-restarts", "3", "prog"});
+  ASSERT_TRUE(parsed.config.has_value()) << parsed.output;
+  EXPECT_EQ(parsed.config->max_restarts, 3);
+  const auto env_list = ddp::worker_environment(*parsed.config, 1, 4321, ddp::WorkerAttempt{2, true, "/tmp/e.json"});
+  const std::map<std::string, std::string> env(env_list.begin(), env_list.end());
+  EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
+  EXPECT_EQ(env.at("TORCHELASTIC_USE_AGENT_STORE"), "True");
+  EXPECT_EQ(env.at("TORCHELASTIC_ERROR_FILE"), "/tmp/e.json");
+  const auto first_list = ddp::worker_environment(*parse({"--nproc-per-node", "1", "prog"}).config, 0, 4321);
+  const std::map<std::string, std::string> first(first_list.begin(), first_list.end());
+  EXPECT_EQ(first.at("TORCHELASTIC_RESTART_COUNT"), "0");
+  EXPECT_EQ(first.at("TORCHELASTIC_USE_AGENT_STORE"), "False");  // rank 0 hosts the store
+  EXPECT_EQ(first.count("TORCHELASTIC_ERROR_FILE"), 0u);
+}
+
+TEST(RestartBudgetTest, RestartsUntilTheBudgetIsSpentThenListsEveryFailure) {
+  ddp::detail::RestartBudget budget(2);
+  EXPECT_TRUE(budget.record_failure("rank 1 was killed by signal 9 (Killed)"));
+  EXPECT_EQ(budget.restart_line(), "restart 1 of 2 after: rank 1 was killed by signal 9 (Killed)");
+  EXPECT_TRUE(budget.record_failure("rank 0 exited with code 3"));
+  EXPECT_EQ(budget.restarts(), 2);
+  EXPECT_FALSE(budget.record_failure("rank 1 exited with code 1"));
+  EXPECT_EQ(budget.give_up_summary("L: "),
+            "L: gave up after 2 restarts (--max-restarts 2); the failures in order:\n"
+            "L:   attempt 0: rank 1 was killed by signal 9 (Killed)\n"
+            "L:   attempt 1: rank 0 exited with code 3\n"
+            "L:   attempt 2: rank 1 exited with code 1\n");
+  ddp::detail::RestartBudget none(0);
+  EXPECT_FALSE(none.record_failure("rank 0 exited with code 1"));
+  EXPECT_EQ(none.give_up_summary("L: "), "");  // the failure's own summary says all
 }
 
 /// Writes a file with permission bits `mode`.
@@ -475,7 +517,8 @@ TEST(DdpLaunchTest, RankZeroAloneWithWorldSizeTwoGivesUp) {
   expect_rendezvous_gives_up("--nnodes 2 --node-rank 0 --nproc-per-node 1",
                              {"ddp: rank 0: waiting for 1 more rank at 127.0.0.1:", "(missing: rank 1)",
                               "ddp-launch: root cause: rank 0 (local rank 0, pid ",
-                              "its last stderr line: ddp_test_worker: rank 0 gave up on the rendezvous at 127.0.0.1:",
+                              // (quoted from the worker's error file: TORCHELASTIC_ERROR_FILE)
+                              "exited with code 1: rank 0 gave up on the rendezvous at 127.0.0.1:",
                               "after 2 s: rank 1 never came (1 of 2 ranks joined)"});
 }
 
@@ -554,6 +597,172 @@ TEST(DdpLaunchTest, SigtermIsForwardedToTheWorkers) {
       << launch.output();
   EXPECT_EQ(launch.output().find("root cause"), std::string::npos) << launch.output();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+}
+
+/// The pids a launcher's output names ("pid 41", "pids 41, 42").
+std::vector<pid_t> pids_named(const std::string& output) {
+  std::vector<pid_t> pids;
+  const std::regex named("pids? ([0-9]+(, [0-9]+)*)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), named); it != std::sregex_iterator(); ++it) {
+    std::istringstream list((*it)[1].str());
+    std::string pid;
+    while (std::getline(list, pid, ',')) pids.push_back(static_cast<pid_t>(std::stol(pid)));
+  }
+  return pids;
+}
+
+TEST(DdpLaunchTest, AFailedAttemptIsRestartedWithTheNextRestartCount) {
+  LTA_REQUIRE_GLOO();
+  // Rank 1 fails in attempts 0 and 1 (TORCHELASTIC_RESTART_COUNT 0 and 1); attempt 2 goes through.
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 --max-restarts 3 " + kWorker +
+                 " fail --fail-rank 1 --code 3 --others barrier --message 'out of memory' --fail-attempts 2");
+  ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
+  const std::string out = launch.output();
+  const std::regex restart(
+      "ddp-launch: restart ([12]) of 3 after: rank 1 \\(local rank 1, pid [0-9]+\\) exited with "
+      "code 3; its last stderr line: ddp_test_worker: out of memory");
+  EXPECT_EQ(std::distance(std::sregex_iterator(out.begin(), out.end(), restart), std::sregex_iterator()), 2) << out;
+  EXPECT_TRUE(contains_all(out, {"rank 0 passed", "rank 1 passed"})) << out;
+  EXPECT_EQ(out.find("gave up"), std::string::npos) << out;
+}
+
+TEST(DdpLaunchTest, TheBudgetSpentListsEveryFailureInOrderAndLeavesNoProcess) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir tmp;  // the launcher's error-file folder goes here, and must be gone at the end
+  Process launch("env TMPDIR=" + tmp.path() + " " + kLaunch +
+                 " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 --max-restarts 2 " + kWorker +
+                 " fail --fail-rank 1 --code 5 --message 'the disk is full' --error-file-only 1");
+  ASSERT_EQ(exit_code(launch.wait(kLimit)), 5) << launch.output();
+  const std::string out = launch.output();
+  // Rank 1 wrote its message only to its error file (TORCHELASTIC_ERROR_FILE): the root cause quotes it.
+  const std::regex root(
+      "ddp-launch: root cause: rank 1 \\(local rank 1, pid [0-9]+\\) exited with code 5: the disk is "
+      "full");
+  EXPECT_EQ(std::distance(std::sregex_iterator(out.begin(), out.end(), root), std::sregex_iterator()), 3) << out;
+  EXPECT_NE(out.find("ddp-launch: gave up after 2 restarts (--max-restarts 2); the failures in order:\n"),
+            std::string::npos)
+      << out;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    EXPECT_TRUE(std::regex_search(out, std::regex("ddp-launch:   attempt " + std::to_string(attempt) +
+                                                  ": rank 1 \\(local rank 1, pid [0-9]+\\) exited with code 5: the "
+                                                  "disk is full\n")))
+        << out;
+  }
+  const std::vector<pid_t> pids = pids_named(out);
+  EXPECT_GE(pids.size(), 6u) << out;  // both workers of each of the 3 attempts
+  for (const pid_t pid : pids) EXPECT_NE(::kill(pid, 0), 0) << "worker " << pid << " is still there";
+  EXPECT_TRUE(test_util::folder_entries(tmp.path()).empty()) << "the error files were left behind";
+}
+
+TEST(DdpLaunchTest, TwoNodesRestartTogetherAndNameTheSameRootCause) {
+  LTA_REQUIRE_GLOO();
+  const std::string port = std::to_string(ddp::detail::find_free_port());
+  const std::string common = " --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " + port +
+                             " --kill-grace-s 1 --max-restarts 1 ";
+  const std::string worker = kWorker +
+                             " fail --fail-rank 1 --code 3 --others barrier --message 'node 1 broke' "
+                             "--fail-attempts 1";
+  Process node0(kLaunch + common + "--node-rank 0 " + worker);
+  Process node1(kLaunch + common + "--node-rank 1 " + worker);
+  ASSERT_EQ(exit_code(node0.wait(kLimit)), 0) << node0.output();
+  ASSERT_EQ(exit_code(node1.wait(kLimit)), 0) << node1.output();
+  // Node 0's worker failed too (its peer was gone), but node 1 reported first: both name rank 1 on node 1.
+  const std::string cause = "node 1: rank 1 (local rank 0, pid ";
+  EXPECT_TRUE(contains_all(line_with(node0.output(), "ddp-launch: restart 1 of 1 after: "), {cause, "node 1 broke"}))
+      << node0.output();
+  EXPECT_TRUE(contains_all(line_with(node1.output(), "ddp-launch: restart 1 of 1 after: "), {cause, "node 1 broke"}))
+      << node1.output();
+  EXPECT_TRUE(contains_all(node0.output(), {"rank 0 passed"}));
+  EXPECT_TRUE(contains_all(node1.output(), {"rank 1 passed"}));
+  for (const std::string& out : {node0.output(), node1.output()}) {
+    EXPECT_EQ(out.find("frame #"), std::string::npos) << out;  // the store closed after everyone had left it
+  }
+}
+
+/// The launcher's worker whose environment says RANK=`rank`, or -1.
+pid_t worker_with_rank(pid_t launcher, int rank) {
+  const std::string tid = std::to_string(launcher);
+  std::istringstream children(test_util::read_file("/proc/" + tid + "/task/" + tid + "/children"));
+  pid_t child = 0;
+  while (children >> child) {
+    const std::string env = test_util::read_file("/proc/" + std::to_string(child) + "/environ");
+    const std::string entry = "RANK=" + std::to_string(rank) + std::string(1, '\0');
+    if (env.rfind(entry, 0) == 0 || env.find(std::string(1, '\0') + entry) != std::string::npos) return child;
+  }
+  return -1;
+}
+
+/// Waits (polling, up to kLimit) until `ready` says yes.
+bool wait_until(const std::function<bool()>& ready) {
+  const auto deadline = Clock::now() + kLimit;
+  while (!ready()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+int steps_done(const ddp_test::ScratchDir& out, int rank) {
+  std::ifstream in(out.file("progress" + std::to_string(rank)));
+  int steps = 0;
+  in >> steps;
+  return steps;
+}
+
+TEST(DdpLaunchTest, AStoppedRankIsNamedAsHungWithinTheTimeoutAndTheJobRestarts) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir out;
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 --max-restarts 1 " +
+                 "--hang-timeout-s 2 " + kWorker + " train --steps 150 --step-delay-ms 10 --out " + out.path());
+  ASSERT_TRUE(wait_until([&] { return steps_done(out, 1) >= 5; })) << launch.output();
+  const pid_t victim = worker_with_rank(launch.pid(), 1);
+  ASSERT_GT(victim, 0) << launch.output();
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const auto stopped = Clock::now();
+  ASSERT_TRUE(wait_until([&] { return launch.output().find("made no progress") != std::string::npos; }))
+      << launch.output();
+  const double detected_s = std::chrono::duration<double>(Clock::now() - stopped).count();
+  ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
+  const std::string out_text = launch.output();
+  EXPECT_TRUE(std::regex_search(
+      out_text, std::regex("ddp-launch: root cause: rank 1 \\(local rank 1, pid " + std::to_string(victim) +
+                           "\\) made no progress for [0-9.]+ s \\(--hang-timeout-s 2\\); "
+                           "last seen [^\n]+ in training step [0-9]+, and was stopped")))
+      << out_text;
+  EXPECT_NE(out_text.find("ddp-launch: restart 1 of 1 after: rank 1 "), std::string::npos) << out_text;
+  EXPECT_TRUE(contains_all(out_text, {"rank 0 of 2 done", "rank 1 of 2 done"})) << out_text;
+  // The timeout plus the launcher's poll; the margin is for a loaded 2-core machine (benchmarks measure it idle).
+  EXPECT_LT(detected_s, 2.0 + 3.0) << out_text;
+  ::testing::Test::RecordProperty("detected_after_s", std::to_string(detected_s));
+}
+
+TEST(DdpLaunchTest, ARankThatDeadlocksIsNamedWithTheCollectiveItLeftAndTheJobRestarts) {
+  LTA_REQUIRE_GLOO();
+  // Rank 1 skips step 5's allreduce and waits for something that never comes; rank 0 waits in that allreduce.
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 --max-restarts 1 " +
+                 "--hang-timeout-s 1 " + kWorker + " train --steps 20 --hang-at-step 5 --hang-rank 1");
+  ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
+  const std::string out = launch.output();
+  EXPECT_TRUE(
+      std::regex_search(out, std::regex("ddp-launch: root cause: rank 1 \\(local rank 1, pid [0-9]+\\) made no "
+                                        "progress for [0-9.]+ s \\(--hang-timeout-s 1\\); last seen after "
+                                        "allreduce of gradient bucket 0 of 1 \\([^)]+\\) in training step 5, and "
+                                        "was stopped")))
+      << out;
+  EXPECT_TRUE(contains_all(
+      out, {"ddp-launch: consequence: rank 0 (local rank 0, pid ", "rank 0 of 2 done", "rank 1 of 2 done"}))
+      << out;
+}
+
+TEST(DdpLaunchTest, ASlowFirstStepAndALongPausedEvaluationAreNotHangs) {
+  LTA_REQUIRE_GLOO();
+  // Rank 0 takes 3 s more in its first step and 3 s in a ddp::ProgressPause in step 3, rank 1 waiting for it both
+  // times: three times the hang timeout, and healthy.
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --hang-timeout-s 1 " + kWorker +
+                 " train --steps 6 --slow-ms 3000");
+  ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
+  EXPECT_EQ(launch.output().find("made no progress"), std::string::npos) << launch.output();
+  EXPECT_TRUE(contains_all(launch.output(), {"rank 0 of 2 done", "rank 1 of 2 done"}));
 }
 
 TEST(DdpLaunchTest, TwoNodesOnLocalhostTrainTogether) {

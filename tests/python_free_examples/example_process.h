@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -43,9 +44,11 @@ struct ProcessResult {
 
 /// Runs `argv` (argv[0] a path) with `env` ("NAME=value") added to this process's environment, a file-size limit
 /// of `file_size_limit_bytes` (RLIM_INFINITY: none; the write that crosses it gets SIGXFSZ, as `ulimit -f` does)
-/// and no core files. Kills it (SIGKILL, its process group) after `timeout_seconds`.
+/// and no core files. Kills it (SIGKILL, its process group) after `timeout_seconds`. `while_running`, when given,
+/// is called with the child's pid at least every 20 ms while it runs (a test that acts on what the child has done).
 inline ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& env = {},
-                                 rlim_t file_size_limit_bytes = RLIM_INFINITY, int timeout_seconds = 120) {
+                                 rlim_t file_size_limit_bytes = RLIM_INFINITY, int timeout_seconds = 120,
+                                 const std::function<void(pid_t)>& while_running = {}) {
   int out_pipe[2];
   int err_pipe[2];
   ProcessResult result;
@@ -84,7 +87,8 @@ inline ProcessResult run_process(const std::vector<std::string>& argv, const std
       killed = true;
       ADD_FAILURE() << argv[0] << " ran past " << timeout_seconds << " s and was killed";
     }
-    if (::poll(fds, 2, 200) < 0) break;
+    if (while_running) while_running(pid);
+    if (::poll(fds, 2, while_running ? 20 : 200) < 0) break;
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       char buffer[4096];

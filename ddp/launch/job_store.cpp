@@ -1,0 +1,153 @@
+#include <ddp/launch/job_store.h>
+
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace ddp::detail {
+namespace {
+
+/// The launchers' keys; the workers' are under "libtorch_amp/<attempt>" (ddp/process_group.cpp).
+constexpr const char* kPrefix = "ddp_launch";
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+std::string failed_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/failed"; }
+std::string reports_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/reports"; }
+std::string cause_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/cause"; }
+std::string done_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/done"; }
+std::string left_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/left"; }
+
+/// The first line of an exception's text, without LibTorch's backtrace.
+std::string why_of(const std::exception& e) {
+  std::string why = e.what();
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) why = c10_error->what_without_backtrace();
+  return why.substr(0, why.find('\n'));
+}
+
+}  // namespace
+
+struct JobStore::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string where;
+
+  /// A store call; its failure means node 0's launcher, which hosts the store, is gone.
+  template <typename Fn>
+  auto call(const Fn& fn) -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "lost the job's store at ", where,
+                  " (node 0's launcher, which hosts it, is gone?): ", why_of(e));
+    }
+  }
+};
+
+JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+JobStore::~JobStore() = default;
+
+std::unique_ptr<JobStore> JobStore::host(int port) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(port);
+  options.isServer = true;
+  options.waitWorkers = false;
+  auto impl = std::make_unique<Impl>();
+  try {
+    impl->tcp = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cannot host the job's store on port ", port,
+                " (--master-port; another job there? pick a free port): ", why_of(e));
+  }
+  impl->where = "port " + std::to_string(impl->tcp->getPort());
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(kPrefix, impl->tcp);
+  return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
+}
+
+std::unique_ptr<JobStore> JobStore::connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  auto impl = std::make_unique<Impl>();
+  impl->where = host + ":" + std::to_string(port);
+  try {
+    impl->tcp = c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "could not reach node 0's launcher at ", impl->where, " within ", timeout.count() / 1000.0,
+                " s (--master-addr, --master-port; is node 0 started?): ", why_of(e));
+  }
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(kPrefix, impl->tcp);
+  return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
+}
+
+int JobStore::port() const { return impl_->tcp->getPort(); }
+
+void JobStore::report_failure(int attempt, std::chrono::system_clock::time_point when, const std::string& cause) {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
+  impl_->call([&] { impl_->store->append(reports_key(attempt), bytes(std::to_string(ns) + " " + cause + "\n")); });
+  impl_->call([&] { return impl_->store->compareSet(failed_key(attempt), std::vector<uint8_t>{}, bytes("1")); });
+}
+
+bool JobStore::failed(int attempt) {
+  const std::string key = failed_key(attempt);
+  return impl_->call([&] { return impl_->store->check({key}); });
+}
+
+std::optional<std::string> JobStore::cause_of(int attempt) {
+  const std::string key = reports_key(attempt);
+  if (!impl_->call([&] { return impl_->store->check({key}); })) return std::nullopt;
+  std::istringstream reports(text(impl_->call([&] { return impl_->store->get(key); })));
+  std::string line, first;
+  int64_t first_ns = 0;
+  while (std::getline(reports, line)) {
+    const size_t space = line.find(' ');
+    if (space == std::string::npos) continue;
+    const int64_t ns = std::stoll(line.substr(0, space));
+    if (first.empty() || ns < first_ns) {
+      first_ns = ns;
+      first = line.substr(space + 1);
+    }
+  }
+  if (first.empty()) return std::nullopt;
+  // Decided once: a report that arrives later does not change what a node already printed.
+  return text(impl_->call([&] { return impl_->store->compareSet(cause_key(attempt), {}, bytes(first)); }));
+}
+
+int64_t JobStore::report_done(int attempt) {
+  return impl_->call([&] { return impl_->store->add(done_key(attempt), 1); });
+}
+
+int64_t JobStore::nodes_done(int attempt) {
+  return impl_->call([&] { return impl_->store->add(done_key(attempt), 0); });
+}
+
+void JobStore::leave(int attempt) noexcept {
+  try {
+    // A set is answered by nothing, unlike add (TCPStore's protocol): node 0 may go as soon as it sees it. Each
+    // node's key is its own, so node 0 counts them with one multi-key check.
+    impl_->store->append(left_key(attempt), {'.'});
+  } catch (...) {
+  }
+}
+
+void JobStore::wait_for_leavers(int attempt, int nodes, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::string key = left_key(attempt);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (impl_->call([&] { return impl_->store->check({key}); })) {
+      const auto left = impl_->call([&] { return impl_->store->get(key); });
+      if (static_cast<int>(left.size()) >= nodes) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,55 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace ddp::detail {
+
+/// How long after a failure was first seen a node waits before it asks for the cause: the node where it happened
+/// may report it after a node whose workers failed as a consequence (a few milliseconds either way).
+constexpr std::chrono::milliseconds kCauseGatherWindow{1000};
+
+/// The launchers' shared record of a job's attempts, kept in a c10d TCPStore that the launcher of node 0 hosts on
+/// the master port (as torchrun's agent does; the workers use it too, TORCHELASTIC_USE_AGENT_STORE, each attempt
+/// under its own prefix). Every launcher learns from it that another node's workers failed, so that all nodes
+/// restart together and name the same root cause: the failure that happened first.
+class JobStore {
+ public:
+  /// Node 0: hosts the store on `port` (0: any free port, see port()).
+  static std::unique_ptr<JobStore> host(int port);
+  /// The other nodes: connect to node 0's store, retrying for up to `timeout`. Throws one line naming the address.
+  static std::unique_ptr<JobStore> connect(const std::string& host, int port, std::chrono::milliseconds timeout);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  int port() const;
+
+  /// Records a failure of `attempt` on this node, seen to happen at `when` (the wall clock: nodes compare them), with
+  /// its one-line `cause`; the other nodes learn from failed() that the attempt failed.
+  void report_failure(int attempt, std::chrono::system_clock::time_point when, const std::string& cause);
+  /// Whether any node reported a failure of `attempt`.
+  bool failed(int attempt);
+  /// The cause every node names for `attempt`: of the failures reported, the one that happened first, decided once
+  /// by the first node to ask (the others get the same answer). Call it a little while after the failure was first
+  /// seen (kCauseGatherWindow), so that every node's report is in. nullopt when none was reported.
+  std::optional<std::string> cause_of(int attempt);
+  /// Records that this node's workers finished `attempt`; returns how many nodes have.
+  int64_t report_done(int attempt);
+  int64_t nodes_done(int attempt);
+  /// A node other than 0 says it is done with the store: a write that waits for no answer, so that node 0 may
+  /// close the store once it has seen it. Never throws (the job is over for this node).
+  void leave(int attempt) noexcept;
+  /// Node 0: waits until `nodes` others have left, for up to `timeout` (a node that does not say so was lost).
+  void wait_for_leavers(int attempt, int nodes, std::chrono::milliseconds timeout);
+
+ private:
+  struct Impl;  // the c10d store, kept out of this header
+  explicit JobStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::detail

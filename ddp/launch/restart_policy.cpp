@@ -1,0 +1,30 @@
+#include <ddp/launch/restart_policy.h>
+
+#include <sstream>
+
+namespace ddp::detail {
+
+bool RestartBudget::record_failure(const std::string& cause) {
+  failures_.push_back(cause);
+  if (restarts_ >= max_restarts_) return false;
+  ++restarts_;
+  return true;
+}
+
+std::string RestartBudget::restart_line() const {
+  std::ostringstream out;
+  out << "restart " << restarts_ << " of " << max_restarts_
+      << " after: " << (failures_.empty() ? "" : failures_.back());
+  return out.str();
+}
+
+std::string RestartBudget::give_up_summary(const std::string& prefix) const {
+  if (max_restarts_ == 0) return "";
+  std::ostringstream out;
+  out << prefix << "gave up after " << restarts_ << " restart" << (restarts_ == 1 ? "" : "s") << " (--max-restarts "
+      << max_restarts_ << "); the failures in order:\n";
+  for (size_t i = 0; i < failures_.size(); ++i) out << prefix << "  attempt " << i << ": " << failures_[i] << "\n";
+  return out.str();
+}
+
+}  // namespace ddp::detail

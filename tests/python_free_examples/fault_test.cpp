@@ -1,0 +1,149 @@
+// Jobs that survive their faults (issue 23; docs/launcher.md, "Faults"): a rank of amp_ddp killed with SIGKILL, or
+// stopped with SIGSTOP (a hang), at a random moment of a 2-rank run under `ddp-launch --max-restarts 1`; the launcher
+// restarts both ranks, they continue from the newest checkpoint of --checkpoint-dir, and the run ends with a final
+// checkpoint byte for byte the one an unbroken run writes. The moment is an event, not a sleep: the kill follows the
+// save of a step drawn from the test's seed (LTA_TEST_SEED replays one), as does the rank.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <amp/io/checkpoint_dir.h>
+#include <ddp/process_group.h>
+#include <gtest/gtest.h>
+
+#include "python_free_examples/example_process.h"
+#include "test_util.h"
+
+#ifdef LTA_DDP_LAUNCH
+
+namespace {
+
+using example_test::ProcessResult;
+
+struct FaultCase {
+  std::string name;
+  std::vector<std::string> flags;  // amp_ddp's own, beyond the quick settings
+};
+
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
+
+// 128 samples in batches of 16 on 2 ranks: 4 steps per epoch, 8 in the 2 epochs; a save after every step.
+constexpr int kTotalSteps = 8;
+
+constexpr int kHangTimeoutS = 2;
+
+std::vector<std::string> command(const FaultCase& c, const std::string& dir, bool restarts) {
+  std::vector<std::string> argv = {LTA_DDP_LAUNCH, "--nproc-per-node", "2", "--master-port", "0"};
+  if (restarts) {
+    argv.insert(argv.end(), {"--max-restarts", "1", "--hang-timeout-s", std::to_string(kHangTimeoutS)});
+  }
+  argv.insert(argv.end(),
+              {LTA_EXAMPLE_AMP_DDP, "--synthetic", "--limit-train", "128", "--batch-size", "16", "--device", "cpu",
+               "--seed", "3", "--epochs", "2", "--checkpoint-dir", dir, "--save-every", "1", "--keep-last", "2"});
+  argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+  return argv;
+}
+
+bool exists(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+/// The child of `launcher` whose environment has RANK=`rank`, or nullopt (not started yet, or already gone).
+std::optional<pid_t> worker_with_rank(pid_t launcher, int rank) {
+  const std::string tid = std::to_string(launcher);
+  std::istringstream children(test_util::read_file("/proc/" + tid + "/task/" + tid + "/children"));
+  pid_t child = 0;
+  while (children >> child) {
+    const std::string environ = test_util::read_file("/proc/" + std::to_string(child) + "/environ");
+    if (environ.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos ||
+        environ.rfind("RANK=" + std::to_string(rank) + '\0', 0) == 0) {
+      return child;
+    }
+  }
+  return std::nullopt;
+}
+
+/// How a rank is made to fail.
+enum class Fault { kKill, kStop };
+
+class FaultTest : public ::testing::TestWithParam<FaultCase> {
+ protected:
+  void SetUp() override {
+    if (!ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
+  }
+
+  /// Runs the case unbroken, then with `fault` done to a rank drawn from the seed after the save of a step drawn
+  /// from it; the restarted job must end with the unbroken run's final checkpoint, byte for byte.
+  void expect_survives(Fault fault) {
+    const FaultCase& c = GetParam();
+    const amp::CheckpointDir unbroken_dir(scratch_.file("unbroken"));
+    const ProcessResult unbroken = example_test::run_process(command(c, unbroken_dir.folder(), false));
+    ASSERT_EQ(unbroken.exit_code(), 0) << unbroken.describe();
+    const std::string expected = test_util::read_file(unbroken_dir.path_for(kTotalSteps));
+    ASSERT_FALSE(expected.empty());
+
+    const uint64_t seed = test_util::fresh_seed();
+    const int victim = static_cast<int>(seed % 2);
+    const int after_step = 1 + static_cast<int>((seed / 2) % 6);  // steps 1-6: the job always has steps left
+    ::testing::Test::RecordProperty("faulted_rank", victim);
+    ::testing::Test::RecordProperty("faulted_after_step", after_step);
+    const amp::CheckpointDir dir(scratch_.file("restarted"));
+    std::optional<pid_t> faulted;
+    const ProcessResult restarted =
+        example_test::run_process(command(c, dir.folder(), true), {}, RLIM_INFINITY, 120, [&](pid_t launcher) {
+          if (faulted || !exists(dir.path_for(after_step))) return;
+          faulted = worker_with_rank(launcher, victim);
+          if (faulted) ::kill(*faulted, fault == Fault::kKill ? SIGKILL : SIGSTOP);
+        });
+    const std::string what = "rank " + std::to_string(victim) + (fault == Fault::kKill ? " killed" : " stopped") +
+                             " after the save of step " + std::to_string(after_step) + " (seed " +
+                             std::to_string(seed) + ")\n" + restarted.describe();
+    ASSERT_TRUE(faulted.has_value()) << what;
+    ASSERT_EQ(restarted.exit_code(), 0) << what;
+    const std::string restart = "ddp-launch: restart 1 of 1 after: rank " + std::to_string(victim) + " (local rank " +
+                                std::to_string(victim) + ", pid " + std::to_string(*faulted) + ") ";
+    const std::string how = fault == Fault::kKill ? "was killed by signal 9 (Killed)" : "made no progress for ";
+    EXPECT_NE(restarted.err.find(restart + how), std::string::npos) << what;
+    // It lost at most the save interval: it continues from the step saved before the fault, or a later one.
+    const std::string from = "--checkpoint-dir: continuing from " + dir.folder() + "/step-";
+    const size_t at = restarted.out.find(from);
+    ASSERT_NE(at, std::string::npos) << what;
+    EXPECT_GE(std::stoi(restarted.out.substr(at + from.size(), 12)), after_step) << what;
+    EXPECT_TRUE(test_util::read_file(dir.path_for(kTotalSteps)) == expected)
+        << "the final checkpoint differs from the unbroken run's; " << what;
+  }
+
+  example_test::Scratch scratch_;
+};
+
+class KilledRankTest : public FaultTest {};
+class StoppedRankTest : public FaultTest {};
+
+TEST_P(KilledRankTest, TheRestartedJobEndsByteIdenticalToAnUnbrokenOne) { expect_survives(Fault::kKill); }
+
+// SIGSTOP: the rank does not die, it stops making progress; hang detection (--hang-timeout-s) names it.
+TEST_P(StoppedRankTest, IsFoundHungAndTheRestartedJobEndsByteIdenticalToAnUnbrokenOne) {
+  expect_survives(Fault::kStop);
+}
+
+INSTANTIATE_TEST_SUITE_P(AmpDdp, KilledRankTest,
+                         ::testing::Values(FaultCase{"O2", {"--opt-level", "O2"}},
+                                           FaultCase{"O2ZeroStage2", {"--opt-level", "O2", "--zero", "2"}},
+                                           FaultCase{"O2SyncBatchNorm", {"--opt-level", "O2", "--sync-bn"}},
+                                           FaultCase{"O2Fp8Delayed", {"--opt-level", "O2", "--fp8", "delayed"}}),
+                         [](const ::testing::TestParamInfo<FaultCase>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(AmpDdp, StoppedRankTest,
+                         ::testing::Values(FaultCase{"O2", {"--opt-level", "O2"}},
+                                           FaultCase{"O2ZeroStage2", {"--opt-level", "O2", "--zero", "2"}}),
+                         [](const ::testing::TestParamInfo<FaultCase>& info) { return info.param.name; });
+
+}  // namespace
+
+#endif  // LTA_DDP_LAUNCH
