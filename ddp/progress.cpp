@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include <ddp/launch/progress_record.h>
 
@@ -37,7 +38,11 @@ template <typename Change>
 void report(const char* where, size_t length, const Change& change) noexcept {
   detail::ProgressRecord* r = record();
   if (r == nullptr) return;
-  r->sequence.fetch_add(1, std::memory_order_acq_rel);  // odd: being written
+  // One writer at a time (a collective may be waited for on an autograd thread while the main thread reports).
+  static std::mutex writing;
+  const std::lock_guard<std::mutex> lock(writing);
+  r->sequence.fetch_add(1, std::memory_order_relaxed);  // odd: being written
+  std::atomic_thread_fence(std::memory_order_release);  // ... before any of the writes below is seen
   change(*r);
   r->at_ns.store(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count(),

@@ -14,6 +14,7 @@
 #include <functional>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,20 @@ inline void expect_error(const std::function<void()>& call, const std::string& f
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+/// The child process of `launcher` (ddp-launch) whose environment has RANK=`rank`; -1 when there is none (not
+/// started yet, or gone). Read from /proc: the launcher's children and their environments.
+inline pid_t worker_with_rank(pid_t launcher, int rank) {
+  const std::string tid = std::to_string(launcher);
+  std::istringstream children(read_file("/proc/" + tid + "/task/" + tid + "/children"));
+  const std::string entry = "RANK=" + std::to_string(rank) + std::string(1, '\0');
+  pid_t child = 0;
+  while (children >> child) {
+    const std::string env = read_file("/proc/" + std::to_string(child) + "/environ");
+    if (env.rfind(entry, 0) == 0 || env.find(std::string(1, '\0') + entry) != std::string::npos) return child;
+  }
+  return -1;
 }
 
 /// The names in `folder` (without . and ..), sorted.

@@ -67,44 +67,82 @@ HealthWatch::~HealthWatch() {
 
 std::string HealthWatch::file(int local_rank) const { return workers_.at(static_cast<size_t>(local_rank)).path; }
 
-std::optional<HealthWatch::Hang> HealthWatch::check(Clock::time_point now) {
-  std::optional<size_t> oldest;
+std::string HealthWatch::describe(const Watched& w, Clock::time_point now, const std::string& waiting) const {
+  std::ostringstream message;
+  message.precision(3);
+  const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  if (w.paused && w.paused_since) {
+    message << "stayed in " << w.where << " for " << seconds(now - *w.paused_since) << " s (" << kPauseTimeoutFactor
+            << " x --hang-timeout-s " << seconds(timeout_) << ")";
+  } else {
+    message << "made no progress for " << seconds(now - *w.last_progress) << " s (--hang-timeout-s "
+            << seconds(timeout_) << ")";
+  }
+  if (!waiting.empty()) message << " while " << waiting << " waited for it";
+  message << "; last seen "
+          << (w.in_collective ? "waiting for "
+              : w.paused      ? "in "
+                              : "after ")
+          << w.where << " in training step " << w.steps;
+  return message.str();
+}
+
+std::optional<HealthWatch::Hang> HealthWatch::check(Clock::time_point now, const std::vector<bool>& running) {
   std::vector<size_t> watched;
   for (size_t i = 0; i < workers_.size(); ++i) {
     Watched& w = workers_[i];
     if (w.record == nullptr || w.record->magic.load(std::memory_order_acquire) != ProgressRecord::kMagic) continue;
+    if (i < running.size() && !running[i]) continue;
     const uint32_t sequence = w.record->sequence.load(std::memory_order_acquire);
-    const std::optional<Snapshot> s = read(*w.record, sequence);
-    if (s) {
+    // The worker's own time of its last event orders the workers exactly; a record being written (or a worker
+    // stopped in the middle of a write) keeps the last whole one.
+    if (const std::optional<Snapshot> s = read(*w.record, sequence)) {
       w.steps = s->steps;
       w.in_collective = s->in_collective;
+      if (s->paused && !w.paused) w.paused_since = s->at;
+      w.paused = s->paused;
       w.where = s->where;
+      w.last_progress = s->at;
     }
-    // The worker's own time of its last event orders the workers exactly; a record being written (or a worker
-    // stopped in the middle of a write) keeps the time of the last whole one.
-    if (s) w.last_progress = s->at;
     if (!w.last_progress) w.last_progress = now;
-    // A paused worker holds the others too: they wait for it in their next collective.
-    if (s && s->paused) last_pause_ = now;
+    if (w.paused) last_pause_ = now;
     // Watched from the second training step on: the first one sets everything up (rendezvous, buckets).
-    if (w.steps < 2) continue;
-    watched.push_back(i);
-    if (!oldest || *w.last_progress < *workers_[*oldest].last_progress) oldest = i;
+    if (w.steps >= 2) watched.push_back(i);
   }
-  bool any_stuck = false;
+  // A pause past its limit: the paused worker hangs (a save that never returns holds everyone).
   for (const size_t i : watched) {
-    const Clock::time_point since =
-        last_pause_ ? std::max(*workers_[i].last_progress, *last_pause_) : *workers_[i].last_progress;
-    any_stuck = any_stuck || now - since >= timeout_;
+    const Watched& w = workers_[i];
+    if (w.paused && w.paused_since && now - *w.paused_since >= kPauseTimeoutFactor * timeout_) {
+      return Hang{static_cast<int>(i), describe(w, now, ""), *w.paused_since};
+    }
   }
-  if (!any_stuck) return std::nullopt;
-  const Watched& w = workers_[*oldest];
-  std::ostringstream message;
-  message.precision(3);
-  message << "made no progress for " << std::chrono::duration<double>(now - *w.last_progress).count()
-          << " s (--hang-timeout-s " << std::chrono::duration<double>(timeout_).count() << "); last seen "
-          << (w.in_collective ? "waiting for " : "after ") << w.where << " in training step " << w.steps;
-  return Hang{static_cast<int>(*oldest), message.str()};
+  // A hang: a worker waited in a collective for the timeout, since its last event and since the last pause.
+  std::vector<int> waiting;
+  for (const size_t i : watched) {
+    const Watched& w = workers_[i];
+    const Clock::time_point since = last_pause_ ? std::max(*w.last_progress, *last_pause_) : *w.last_progress;
+    if (w.in_collective && !w.paused && now - since >= timeout_) waiting.push_back(w.rank);
+  }
+  if (waiting.empty()) return std::nullopt;
+  // Named: the worker they wait for. Of those not waiting in a collective, the oldest last event; else the oldest.
+  std::optional<size_t> named;
+  for (const size_t i : watched) {
+    const Watched& w = workers_[i];
+    const auto better = [&](const Watched& other) {
+      if (w.in_collective != other.in_collective) return !w.in_collective;
+      return *w.last_progress < *other.last_progress;
+    };
+    if (!named || better(workers_[*named])) named = i;
+  }
+  const Watched& w = workers_[*named];
+  std::vector<int> others;
+  for (const int rank : waiting) {
+    if (rank != w.rank) others.push_back(rank);
+  }
+  std::string who;
+  for (size_t k = 0; k < others.size(); ++k) who += (k == 0 ? "rank " : ", ") + std::to_string(others[k]);
+  if (others.size() > 1) who = "ranks" + who.substr(4);
+  return Hang{static_cast<int>(*named), describe(w, now, who), *w.last_progress};
 }
 
 }  // namespace ddp::detail

@@ -14,6 +14,8 @@ namespace {
 
 /// The launchers' keys; the workers' are under "libtorch_amp/<attempt>" (ddp/process_group.cpp).
 constexpr const char* kPrefix = "ddp_launch";
+/// How long a store call may wait for node 0's answer once connected.
+constexpr std::chrono::milliseconds kCallTimeout{30000};
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -84,6 +86,9 @@ std::unique_ptr<JobStore> JobStore::connect(const std::string& host, int port, s
     TORCH_CHECK(false, "could not reach node 0's launcher at ", impl->where, " within ", timeout.count() / 1000.0,
                 " s (--master-addr, --master-port; is node 0 started?): ", why_of(e));
   }
+  // From here on a call that gets no answer (node 0's host cut off without closing the connection) fails within
+  // this, rather than holding the supervision of this node's workers for the whole connect timeout.
+  impl->tcp->setTimeout(kCallTimeout);
   impl->store = c10::make_intrusive<c10d::PrefixStore>(kPrefix, impl->tcp);
   return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
 }
@@ -131,8 +136,8 @@ int64_t JobStore::nodes_done(int attempt) {
 
 void JobStore::leave(int attempt) noexcept {
   try {
-    // A set is answered by nothing, unlike add (TCPStore's protocol): node 0 may go as soon as it sees it. Each
-    // node's key is its own, so node 0 counts them with one multi-key check.
+    // An append is answered by nothing, unlike add (TCPStore's protocol): node 0 may go as soon as it sees it. Each
+    // node appends one byte to the same key; node 0 counts the bytes.
     impl_->store->append(left_key(attempt), {'.'});
   } catch (...) {
   }

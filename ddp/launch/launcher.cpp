@@ -40,10 +40,12 @@ constexpr int kSignalExitBase = 128;     // the shell's convention for "ended by
 constexpr int kExitUsage = 2;            // CLI11's and most tools' code for a bad command line
 constexpr int kMaxPort = 65535;
 constexpr int kMaxRestarts = 1000000;  // more is a typo
+constexpr int kExitHung = 124;         // a worker hung (GNU timeout's code for "timed out"), not its SIGTERM's 143
 /// How long a node whose workers finished waits for the other nodes' (with --max-restarts) when no rendezvous
 /// timeout is given: the workers' own default rendezvous timeout.
 constexpr std::chrono::milliseconds kDefaultNodesDoneWait{600000};
-/// How long node 0's launcher, whose workers finished, waits for the other launchers to leave its store.
+/// How long node 0's launcher waits for the other launchers to leave its store (at the end of the job; when it
+/// failed, after their kill grace on top).
 constexpr std::chrono::milliseconds kLeaveWait{10000};
 /// How often a finished node looks at the store while it waits for the others.
 constexpr std::chrono::milliseconds kStorePollInterval{100};
@@ -386,6 +388,7 @@ void start_workers(const LaunchConfig& c, int port, const WorkerAttempt& base, i
     if (watch != nullptr) attempt.progress_file = watch->file(local_rank);
     CStrings argv(worker_command(c, local_rank));
     CStrings envp = full_environment(worker_environment(c, local_rank, port, attempt));
+    const std::string exec_failed = "ddp-launch: cannot run '" + argv.strings[0] + "': ";  // (no allocation after fork)
     // The worker's stderr comes through us, so that a failure summary can quote its last line.
     int stderr_pipe[2];
     TORCH_CHECK(::pipe2(stderr_pipe, O_CLOEXEC) == 0, "pipe() failed for local rank ", local_rank, ": ",
@@ -400,12 +403,13 @@ void start_workers(const LaunchConfig& c, int port, const WorkerAttempt& base, i
       ::signal(SIGTERM, SIG_DFL);
       ::dup2(stderr_pipe[1], STDERR_FILENO);  // the copy does not inherit O_CLOEXEC; both originals close on exec
       ::execvpe(argv.pointers[0], argv.pointers.data(), envp.pointers.data());
-      const std::string message = "ddp-launch: cannot run '" + argv.strings[0] + "': " + std::strerror(errno) + "\n";
-      (void)!::write(STDERR_FILENO, message.data(), message.size());
+      const char* why = std::strerror(errno);
+      (void)!::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
+      (void)!::write(STDERR_FILENO, why, std::strlen(why));
+      (void)!::write(STDERR_FILENO, "\n", 1);
       ::_exit(kExitNotFound);
     }
     ::close(stderr_pipe[1]);
-    ::unlink(attempt.error_file.c_str());  // (none yet: the worker writes one only when it fails)
     group.add(rank, local_rank, pid, /*message_fd=*/-1, stderr_pipe[0], attempt.error_file);
   }
 }
@@ -479,10 +483,10 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
   std::optional<std::chrono::steady_clock::time_point> failure_seen;  // (shared) when this node first knew
   detail::WaitHooks hooks;
   if (watch) {
-    hooks.find_hang = [&]() -> std::optional<std::pair<int, std::string>> {
-      const auto hang = watch->check(std::chrono::steady_clock::now());
+    hooks.find_hang = [&](const std::vector<bool>& running) -> std::optional<detail::WaitHooks::Hang> {
+      const auto hang = watch->check(std::chrono::steady_clock::now(), running);
       if (!hang) return std::nullopt;
-      return std::make_pair(hang->local_rank, hang->message);
+      return detail::WaitHooks::Hang{hang->local_rank, hang->message, hang->last_progress};
     };
   }
   if (shared) {
@@ -516,13 +520,18 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
     return end;
   }
   // The cause all nodes name: asked once every node's report is in.
+  // (Node 0's store gone by then: this node's own account is all there is.)
   const auto agreed_cause = [&](const std::string& fallback) {
     if (failure_seen) std::this_thread::sleep_until(*failure_seen + detail::kCauseGatherWindow);
-    return store->cause_of(attempt).value_or(fallback);
+    try {
+      return store->cause_of(attempt).value_or(fallback);
+    } catch (const c10::Error&) {
+      return fallback;
+    }
   };
   const bool local_failure = !failures.front().stopped_by_group;
   if (local_failure) {
-    end.exit_code = detail::exit_code_of(failures.front().wait_status);
+    end.exit_code = failures.front().hang.empty() ? detail::exit_code_of(failures.front().wait_status) : kExitHung;
     end.cause = cause_line(failures);
     if (shared) end.cause = agreed_cause(node + end.cause);
     if (shared && end.cause.rfind(node, 0) != 0) {  // this node's workers failed after another node's
@@ -559,19 +568,38 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
   const int port = store ? store->port() : c.master_port != 0 ? c.master_port : detail::find_free_port(c.master_addr);
   SignalForwarding forwarding;
   const LaunchFolder folder;
+  if (folder.path().empty()) {
+    log << "ddp-launch: warning: could not make a folder in " << (std::getenv("TMPDIR") ? "TMPDIR" : "/tmp")
+        << " for the workers' error and progress files: errors are quoted from stderr only, hangs are not watched"
+        << std::endl;
+  }
   detail::RestartBudget budget(c.max_restarts);
   for (int attempt = 0;; ++attempt) {
     const AttemptEnd end = run_attempt(c, port, attempt, store.get(), folder, log);
     if (end.succeeded) return 0;
+    // The job ends here for this node: node 0, which hosts the store, stays until the others no longer need it.
+    const auto leave_the_others = [&] {
+      if (!store || c.nnodes == 1) return;
+      if (c.node_rank == 0) {
+        try {
+          store->wait_for_leavers(attempt, c.nnodes - 1, c.kill_grace + kLeaveWait);
+        } catch (const c10::Error&) {
+        }
+      } else {
+        store->leave(attempt);
+      }
+    };
     // Asked to stop (SIGINT/SIGTERM): never restarted. A worker that had failed before keeps its summary and code.
     if (const int received = g_received_signal; received != 0) {
       log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received)
           << "): forwarded it to its " << c.nproc_per_node << " worker" << (c.nproc_per_node == 1 ? "" : "s")
           << " and stopped them" << std::endl;
+      leave_the_others();
       return end.asked_to_stop ? kSignalExitBase + received : end.exit_code;
     }
     if (!budget.record_failure(end.cause)) {
       log << budget.give_up_summary("ddp-launch: ") << std::flush;
+      leave_the_others();
       return end.exit_code;
     }
     log << "ddp-launch: " << budget.restart_line() << std::endl;

@@ -327,8 +327,9 @@ bool WorkerGroup::reap_ended(bool block, int forward_fd, std::vector<WorkerExit>
   for (Worker& w : workers_) {
     if (!w.running) continue;
     const std::optional<int> status = reap(w, block);
-    if (status && *status != 0) failures.push_back(exit_of(w, *status, forward_fd));
-    if (status && *status == 0) drain_output(w, forward_fd, /*final=*/true);
+    // A hung worker is a failure however it ends (one that saves and exits 0 on SIGTERM too).
+    if (status && (*status != 0 || !w.hang.empty())) failures.push_back(exit_of(w, *status, forward_fd));
+    if (status && *status == 0 && w.hang.empty()) drain_output(w, forward_fd, /*final=*/true);
     any_running = any_running || w.running;
   }
   return any_running;
@@ -392,10 +393,12 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
     }
     if (hooks.find_hang && std::chrono::steady_clock::now() >= next_hang_check) {
       next_hang_check = std::chrono::steady_clock::now() + kStopPollInterval;
-      if (const auto hang = hooks.find_hang()) {
-        Worker& hung = workers_.at(static_cast<size_t>(hang->first));
-        hung.hang = hang->second;
-        hung.hang_found_at = std::chrono::steady_clock::now();
+      std::vector<bool> running;
+      for (const Worker& w : workers_) running.push_back(w.running);
+      if (const auto hang = hooks.find_hang(running)) {
+        Worker& hung = workers_.at(static_cast<size_t>(hang->local_rank));
+        hung.hang = hang->message;
+        hung.hang_found_at = hang->last_progress;
         if (hooks.first_failure) {
           WorkerExit first;
           first.rank = hung.rank;

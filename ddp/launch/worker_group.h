@@ -59,9 +59,15 @@ struct WaitHooks {
   /// Told of the first failure as soon as it is seen, before the others are given time to end (so that another
   /// node hears of it before its own workers fail as a consequence).
   std::function<void(const WorkerExit&)> first_failure;
-  /// Asked every kStopPollInterval whether a worker hangs: its local rank and how (HealthWatch). A hung worker is
-  /// the root cause (WorkerExit::hang), and all are stopped as after a failure.
-  std::function<std::optional<std::pair<int, std::string>>()> find_hang;
+  /// Asked every kStopPollInterval whether a worker hangs, given which workers still run (by local rank): the hung
+  /// one (HealthWatch). It is the root cause (WorkerExit::hang, observed at its last progress), and all are stopped
+  /// as after a failure.
+  struct Hang {
+    int local_rank = 0;
+    std::string message;
+    std::chrono::steady_clock::time_point last_progress;
+  };
+  std::function<std::optional<Hang>(const std::vector<bool>& running)> find_hang;
 };
 
 /// The worker processes of one job on this host, supervised together: the first one that fails takes the others
@@ -113,7 +119,7 @@ class WorkerGroup {
     std::optional<std::chrono::steady_clock::time_point> output_closed;  // when its stderr pipe reached its end
     std::optional<std::chrono::steady_clock::time_point> last_line_at;   // when its last non-empty line came
     std::string hang;                                                    // set when hang detection stopped it
-    std::chrono::steady_clock::time_point hang_found_at{};
+    std::chrono::steady_clock::time_point hang_found_at{};               // its last progress, for the order
   };
   /// Reaps `w` if it has exited (or blocks for it when `block`); returns its status when reaped.
   std::optional<int> reap(Worker& w, bool block);

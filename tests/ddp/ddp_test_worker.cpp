@@ -6,6 +6,7 @@
 //                                                  to DIR/progress<R> as it goes, sleeping MS after each step;
 //                                                  [--hang-at-step K --hang-rank R]: in the first attempt rank R
 //                                                  stops making progress at step K (waits on nothing, forever);
+//                                                  [--exit-zero-on-sigterm 1]: exits 0 on SIGTERM;
 //                                                  [--slow-ms MS]: rank 0 takes MS more in step 0 and, paused
 //                                                  (ddp::ProgressPause), in step 3
 //   ddp_test_worker fail --fail-rank R --code C [--message M] [--others barrier] [--exit-delay-ms MS]
@@ -26,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -188,6 +190,9 @@ int main(int argc, char** argv) {
       }
       std::cout << "equal: " << argv[2] << " " << argv[3] << std::endl;
       return 0;
+    }
+    if (arg_value(argc, argv, "--exit-zero-on-sigterm", "") == "1") {
+      std::signal(SIGTERM, [](int) { ::_exit(0); });  // as a program that saves and leaves on preemption
     }
     at::set_num_threads(1);
     ddp::InitOptions init = ddp::InitOptions().init_method("env://");

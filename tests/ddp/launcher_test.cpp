@@ -679,19 +679,6 @@ TEST(DdpLaunchTest, TwoNodesRestartTogetherAndNameTheSameRootCause) {
   }
 }
 
-/// The launcher's worker whose environment says RANK=`rank`, or -1.
-pid_t worker_with_rank(pid_t launcher, int rank) {
-  const std::string tid = std::to_string(launcher);
-  std::istringstream children(test_util::read_file("/proc/" + tid + "/task/" + tid + "/children"));
-  pid_t child = 0;
-  while (children >> child) {
-    const std::string env = test_util::read_file("/proc/" + std::to_string(child) + "/environ");
-    const std::string entry = "RANK=" + std::to_string(rank) + std::string(1, '\0');
-    if (env.rfind(entry, 0) == 0 || env.find(std::string(1, '\0') + entry) != std::string::npos) return child;
-  }
-  return -1;
-}
-
 /// Waits (polling, up to kLimit) until `ready` says yes.
 bool wait_until(const std::function<bool()>& ready) {
   const auto deadline = Clock::now() + kLimit;
@@ -715,7 +702,7 @@ TEST(DdpLaunchTest, AStoppedRankIsNamedAsHungWithinTheTimeoutAndTheJobRestarts) 
   Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 --max-restarts 1 " +
                  "--hang-timeout-s 2 " + kWorker + " train --steps 150 --step-delay-ms 10 --out " + out.path());
   ASSERT_TRUE(wait_until([&] { return steps_done(out, 1) >= 5; })) << launch.output();
-  const pid_t victim = worker_with_rank(launch.pid(), 1);
+  const pid_t victim = test_util::worker_with_rank(launch.pid(), 1);
   ASSERT_GT(victim, 0) << launch.output();
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
   const auto stopped = Clock::now();
@@ -726,8 +713,8 @@ TEST(DdpLaunchTest, AStoppedRankIsNamedAsHungWithinTheTimeoutAndTheJobRestarts) 
   const std::string out_text = launch.output();
   EXPECT_TRUE(std::regex_search(
       out_text, std::regex("ddp-launch: root cause: rank 1 \\(local rank 1, pid " + std::to_string(victim) +
-                           "\\) made no progress for [0-9.]+ s \\(--hang-timeout-s 2\\); "
-                           "last seen [^\n]+ in training step [0-9]+, and was stopped")))
+                           "\\) made no progress for [0-9.]+ s \\(--hang-timeout-s 2\\) while rank 0 waited for "
+                           "it; last seen [^\n]+ in training step [0-9]+, and was stopped")))
       << out_text;
   EXPECT_NE(out_text.find("ddp-launch: restart 1 of 1 after: rank 1 "), std::string::npos) << out_text;
   EXPECT_TRUE(contains_all(out_text, {"rank 0 of 2 done", "rank 1 of 2 done"})) << out_text;
@@ -740,12 +727,13 @@ TEST(DdpLaunchTest, ARankThatDeadlocksIsNamedWithTheCollectiveItLeftAndTheJobRes
   LTA_REQUIRE_GLOO();
   // Rank 1 skips step 5's allreduce and waits for something that never comes; rank 0 waits in that allreduce.
   Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 --max-restarts 1 " +
-                 "--hang-timeout-s 1 " + kWorker + " train --steps 20 --hang-at-step 5 --hang-rank 1");
+                 "--hang-timeout-s 2 " + kWorker + " train --steps 20 --hang-at-step 5 --hang-rank 1");
   ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
   const std::string out = launch.output();
   EXPECT_TRUE(
       std::regex_search(out, std::regex("ddp-launch: root cause: rank 1 \\(local rank 1, pid [0-9]+\\) made no "
-                                        "progress for [0-9.]+ s \\(--hang-timeout-s 1\\); last seen after "
+                                        "progress for [0-9.]+ s \\(--hang-timeout-s 2\\) while rank 0 waited for "
+                                        "it; last seen after "
                                         "allreduce of gradient bucket 0 of 1 \\([^)]+\\) in training step 5, and "
                                         "was stopped")))
       << out;
@@ -754,15 +742,49 @@ TEST(DdpLaunchTest, ARankThatDeadlocksIsNamedWithTheCollectiveItLeftAndTheJobRes
       << out;
 }
 
+TEST(DdpLaunchTest, AHangWithoutRestartsEndsWithCode124EvenWhenTheHungWorkerExitsZeroOnSigterm) {
+  LTA_REQUIRE_GLOO();
+  // The hung rank saves and exits 0 on SIGTERM, as preemption-aware programs do: it is still the root cause.
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --kill-grace-s 1 --hang-timeout-s 2 " + kWorker +
+                 " train --steps 20 --hang-at-step 5 --hang-rank 1 --exit-zero-on-sigterm 1");
+  EXPECT_EQ(exit_code(launch.wait(kLimit)), 124) << launch.output();
+  EXPECT_TRUE(contains_all(line_with(launch.output(), "ddp-launch: root cause: "),
+                           {"rank 1 (local rank 1, pid ", ") made no progress for ", "and was stopped"}))
+      << launch.output();
+}
+
 TEST(DdpLaunchTest, ASlowFirstStepAndALongPausedEvaluationAreNotHangs) {
   LTA_REQUIRE_GLOO();
-  // Rank 0 takes 3 s more in its first step and 3 s in a ddp::ProgressPause in step 3, rank 1 waiting for it both
-  // times: three times the hang timeout, and healthy.
-  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --hang-timeout-s 1 " + kWorker +
-                 " train --steps 6 --slow-ms 3000");
+  // Rank 0 takes 5 s more in its first step and 5 s in a ddp::ProgressPause in step 3, rank 1 waiting for it both
+  // times: two and a half times the hang timeout, and healthy.
+  Process launch(kLaunch + " --nproc-per-node 2 --master-port 0 --hang-timeout-s 2 " + kWorker +
+                 " train --steps 6 --slow-ms 5000");
   ASSERT_EQ(exit_code(launch.wait(kLimit)), 0) << launch.output();
   EXPECT_EQ(launch.output().find("made no progress"), std::string::npos) << launch.output();
   EXPECT_TRUE(contains_all(launch.output(), {"rank 0 of 2 done", "rank 1 of 2 done"}));
+}
+
+TEST(DdpLaunchTest, TwoNodesThatSpendTheBudgetBothListEveryFailure) {
+  LTA_REQUIRE_GLOO();
+  // Rank 2 (node 1) fails in every attempt. Both nodes restart once, then give up, each listing both failures as the
+  // nodes agreed on them. Node 0 hosts the store and stays until node 1 has left it (a node that asks a store that
+  // is gone falls back to its own account): neither loses the store nor prints a backtrace.
+  const std::string port = std::to_string(ddp::detail::find_free_port());
+  const std::string common = " --nnodes 2 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " + port +
+                             " --kill-grace-s 1 --max-restarts 1 ";
+  const std::string worker = kWorker + " fail --fail-rank 2 --code 3 --message 'node 1 broke'";
+  Process node0(kLaunch + common + "--node-rank 0 " + worker + " --others barrier");
+  Process node1(kLaunch + common + "--node-rank 1 " + worker);
+  EXPECT_NE(exit_code(node0.wait(kLimit)), 0) << node0.output();
+  EXPECT_EQ(exit_code(node1.wait(kLimit)), 3) << node1.output();
+  for (const std::string& out : {node0.output(), node1.output()}) {
+    EXPECT_TRUE(contains_all(out, {"ddp-launch: gave up after 1 restart (--max-restarts 1); the failures in order:",
+                                   "ddp-launch:   attempt 0: node 1: rank 2 (local rank 0, pid ",
+                                   "ddp-launch:   attempt 1: node 1: rank 2 (local rank 0, pid "}))
+        << out;
+    EXPECT_EQ(out.find("lost the job's store"), std::string::npos) << out;
+    EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
+  }
 }
 
 TEST(DdpLaunchTest, TwoNodesOnLocalhostTrainTogether) {
