@@ -239,9 +239,9 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
                  "After a worker fails, start all workers again up to this many times (TORCHELASTIC_RESTART_COUNT "
                  "tells them which start it is; a program with --checkpoint-dir continues from its newest save)");
   app.add_option("--hang-timeout-s", hang_timeout_s,
-                 "Seconds a worker may make no progress (steps, collectives) before it is named as hung and the "
-                 "workers are stopped (restarted with --max-restarts); its first step and ddp::ProgressPause are not "
-                 "timed; 0: off");
+                 "Seconds a worker may wait in a collective without progress before the worker it waits for is named "
+                 "as hung and the workers are stopped (restarted with --max-restarts); the first step and waits for a "
+                 "ddp::ProgressPause are not timed; 0: off");
   app.prefix_command();  // everything from the program on belongs to the program
 
   ParsedLaunchArgs result;

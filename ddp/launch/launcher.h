@@ -12,8 +12,8 @@ namespace ddp {
 /// torchrun's default rendezvous port.
 constexpr int kDefaultMasterPort = 29500;
 
-/// --hang-timeout-s's default: NCCL's own default collective timeout (10 minutes), which users already know as the
-/// time a stuck rank may take; a healthy step of that length would already fail there. docs/launcher.md, "Faults".
+/// --hang-timeout-s's default: PyTorch's default timeout for NCCL collectives (10 minutes), the time a stuck rank
+/// may already take there; Gloo's collectives here time out after 30. docs/launcher.md, "Faults".
 constexpr std::chrono::milliseconds kDefaultHangTimeout{600000};
 
 /// What ddp-launch was asked to do.
@@ -33,9 +33,10 @@ struct LaunchConfig {
   /// launcher of node 0 hosts the rendezvous store on the master port (as torchrun's agent does) and every
   /// node's launcher watches it, so that all nodes restart together.
   int max_restarts = 0;
-  /// A worker that makes no progress (training steps, collectives: reported by the library without a host sync) for
-  /// this long is named as hung, and the workers are stopped (and restarted, with restarts left). Its first training
-  /// step and the time it spends in a ddp::ProgressPause (a save, an evaluation) are not timed. 0: off.
+  /// A worker that waits this long in a collective without progress (steps and collectives, reported by the library
+  /// without a host sync) hangs: the worker it waits for is named, and the workers are stopped (and restarted, with
+  /// restarts left). The first training step is not timed, nor waits while a worker is in a ddp::ProgressPause (a
+  /// save, an evaluation), up to 5 timeouts (detail::HealthWatch). 0: off.
   std::chrono::milliseconds hang_timeout{kDefaultHangTimeout};
   std::vector<std::string> command;  // the worker program and its arguments
 };

@@ -202,7 +202,8 @@ TEST(LaunchArgsTest, EachAttemptTellsTheWorkersWhichStartItIsAndWhereToWriteThei
   const auto parsed = parse({"--nproc-per-node", "2", "--max-restarts", "3", "prog"});
   ASSERT_TRUE(parsed.config.has_value()) << parsed.output;
   EXPECT_EQ(parsed.config->max_restarts, 3);
-  const auto env_list = ddp::worker_environment(*parsed.config, 1, 4321, ddp::WorkerAttempt{2, true, "/tmp/e.json"});
+  const auto env_list =
+      ddp::worker_environment(*parsed.config, 1, 4321, ddp::WorkerAttempt{2, true, "/tmp/e.json", ""});
   const std::map<std::string, std::string> env(env_list.begin(), env_list.end());
   EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "2");
   EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
