@@ -143,7 +143,9 @@ for k in 0 1; do
   grep -q "ddp-launch: root cause: rank [0-9] (local rank [01], pid [0-9]*) exited with code" "$log" ||
     fail "cut: host $k's launcher did not name the root cause"
   root=$(grep "ddp-launch: root cause:" "$log")
-  echo "$root" | grep -q "its last stderr line: ddp_test_worker: .*failed on rank [0-3] of 4 .*timeout of ${COLLECTIVE_TIMEOUT_S}000 ms" ||
+  # The worker's error: quoted from its error file (TORCHELASTIC_ERROR_FILE, "...exited with code 1: <error>"), or
+  # from its last stderr line.
+  echo "$root" | grep -Eq "exited with code [0-9]+(: |; its last stderr line: ddp_test_worker: ).*failed on rank [0-3] of 4 .*timeout of ${COLLECTIVE_TIMEOUT_S}000 ms" ||
     fail "cut: host $k's root cause does not carry a clear error: $root"
   # Every rank of the host ended with that error (or was stopped by its launcher after its peer's).
   [ "$(grep -c "^ddp_test_worker: .* failed on rank [0-3] of 4 " "$log")" -ge 1 ] || fail "cut: host $k: no rank error"
