@@ -1,5 +1,6 @@
 #include <ddp/launch/job_store.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -101,15 +102,27 @@ void JobStore::report_failure(int attempt, std::chrono::system_clock::time_point
   impl_->call([&] { return impl_->store->compareSet(failed_key(attempt), std::vector<uint8_t>{}, bytes("1")); });
 }
 
+void JobStore::report_no_failure(int attempt) {
+  impl_->call([&] { impl_->store->append(reports_key(attempt), bytes("-\n")); });
+}
+
 bool JobStore::failed(int attempt) {
   const std::string key = failed_key(attempt);
   return impl_->call([&] { return impl_->store->check({key}); });
 }
 
-std::optional<std::string> JobStore::cause_of(int attempt) {
+std::optional<std::string> JobStore::cause_of(int attempt, int nodes, std::chrono::milliseconds wait) {
   const std::string key = reports_key(attempt);
-  if (!impl_->call([&] { return impl_->store->check({key}); })) return std::nullopt;
-  std::istringstream reports(text(impl_->call([&] { return impl_->store->get(key); })));
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::string all;
+  for (;;) {  // every node's report (one line each), or what there is at the deadline
+    if (impl_->call([&] { return impl_->store->check({key}); }))
+      all = text(impl_->call([&] { return impl_->store->get(key); }));
+    const auto lines = std::count(all.begin(), all.end(), '\n');
+    if (lines >= nodes || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::istringstream reports(all);
   std::string line, first;
   int64_t first_ns = 0;
   while (std::getline(reports, line)) {

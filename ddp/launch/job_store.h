@@ -8,10 +8,6 @@
 
 namespace ddp::detail {
 
-/// How long after a failure was first seen a node waits before it asks for the cause: the node where it happened
-/// may report it after a node whose workers failed as a consequence (a few milliseconds either way).
-constexpr std::chrono::milliseconds kCauseGatherWindow{1000};
-
 /// The launchers' shared record of a job's attempts, kept in a c10d TCPStore that the launcher of node 0 hosts on
 /// the master port (as torchrun's agent does; the workers use it too, TORCHELASTIC_USE_AGENT_STORE, each attempt
 /// under its own prefix). Every launcher learns from it that another node's workers failed, so that all nodes
@@ -29,14 +25,18 @@ class JobStore {
   int port() const;
 
   /// Records a failure of `attempt` on this node, seen to happen at `when` (the wall clock: nodes compare them), with
-  /// its one-line `cause`; the other nodes learn from failed() that the attempt failed.
+  /// its one-line `cause`; the other nodes learn from failed() that the attempt failed. Each node reports once per
+  /// failed attempt: this, or report_no_failure().
   void report_failure(int attempt, std::chrono::system_clock::time_point when, const std::string& cause);
+  /// Records that this node's workers did not fail by themselves in `attempt` (they were stopped, or had finished).
+  void report_no_failure(int attempt);
   /// Whether any node reported a failure of `attempt`.
   bool failed(int attempt);
   /// The cause every node names for `attempt`: of the failures reported, the one that happened first, decided once
-  /// by the first node to ask (the others get the same answer). Call it a little while after the failure was first
-  /// seen (kCauseGatherWindow), so that every node's report is in. nullopt when none was reported.
-  std::optional<std::string> cause_of(int attempt);
+  /// by the first node to ask (the others get the same answer). Waits until all `nodes` have reported (a node where
+  /// the failure happened may report after one whose workers failed as a consequence, by seconds on a loaded
+  /// machine), for up to `wait` (a node that never reports was lost). nullopt when no failure was reported.
+  std::optional<std::string> cause_of(int attempt, int nodes, std::chrono::milliseconds wait);
   /// Records that this node's workers finished `attempt`; returns how many nodes have.
   int64_t report_done(int attempt);
   int64_t nodes_done(int attempt);

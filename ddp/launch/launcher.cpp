@@ -47,6 +47,9 @@ constexpr std::chrono::milliseconds kDefaultNodesDoneWait{600000};
 /// How long node 0's launcher waits for the other launchers to leave its store (at the end of the job; when it
 /// failed, after their kill grace on top).
 constexpr std::chrono::milliseconds kLeaveWait{10000};
+/// How long, beyond the kill grace, a node waits for every node's report of a failed attempt before it names the
+/// cause from those in (a node that never reports was lost with its launcher).
+constexpr std::chrono::milliseconds kCauseWait{10000};
 /// How often a finished node looks at the store while it waits for the others.
 constexpr std::chrono::milliseconds kStorePollInterval{100};
 
@@ -438,8 +441,8 @@ std::optional<std::string> wait_for_other_nodes(const LaunchConfig& c, detail::J
   int64_t done = store.report_done(attempt);
   while (done < c.nnodes && g_received_signal == 0) {
     if (store.failed(attempt)) {
-      std::this_thread::sleep_for(detail::kCauseGatherWindow);
-      return store.cause_of(attempt).value_or("another node failed");
+      store.report_no_failure(attempt);
+      return store.cause_of(attempt, c.nnodes, c.kill_grace + kCauseWait).value_or("another node failed");
     }
     TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "this node's workers finished, but only ", done, " of ",
                 c.nnodes, " nodes reported theirs within ",
@@ -480,7 +483,7 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
                 group);
   const bool shared = store != nullptr && c.nnodes > 1;
   const std::string node = "node " + std::to_string(c.node_rank) + ": ";
-  std::optional<std::chrono::steady_clock::time_point> failure_seen;  // (shared) when this node first knew
+  bool reported = false;  // (shared) this node's one report of a failed attempt is in the store
   detail::WaitHooks hooks;
   if (watch) {
     hooks.find_hang = [&](const std::vector<bool>& running) -> std::optional<detail::WaitHooks::Hang> {
@@ -490,15 +493,11 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
     };
   }
   if (shared) {
-    hooks.stop_requested = [&] {
-      if (!store->failed(attempt)) return false;
-      failure_seen = std::chrono::steady_clock::now();
-      return true;
-    };
+    hooks.stop_requested = [&] { return store->failed(attempt); };
     // Reported at once, so that the other nodes stop their workers; which failure was first is decided after.
     hooks.first_failure = [&](const detail::WorkerExit& first) {
-      failure_seen = std::chrono::steady_clock::now();
       store->report_failure(attempt, wall_time_of(first.observed), node + cause_line({first}));
+      reported = true;
     };
   }
   const std::vector<detail::WorkerExit> failures = group.wait(c.kill_grace, &g_pending_signal, STDERR_FILENO, hooks);
@@ -522,9 +521,15 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
   // The cause all nodes name: asked once every node's report is in.
   // (Node 0's store gone by then: this node's own account is all there is.)
   const auto agreed_cause = [&](const std::string& fallback) {
-    if (failure_seen) std::this_thread::sleep_until(*failure_seen + detail::kCauseGatherWindow);
     try {
-      return store->cause_of(attempt).value_or(fallback);
+      if (!reported) {  // stopped for another node's failure, or failed only while being stopped
+        if (failures.front().stopped_by_group) {
+          store->report_no_failure(attempt);
+        } else {
+          store->report_failure(attempt, wall_time_of(failures.front().observed), fallback);
+        }
+      }
+      return store->cause_of(attempt, c.nnodes, c.kill_grace + kCauseWait).value_or(fallback);
     } catch (const c10::Error&) {
       return fallback;
     }
