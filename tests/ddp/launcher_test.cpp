@@ -765,27 +765,32 @@ TEST(DdpLaunchTest, ASlowFirstStepAndALongPausedEvaluationAreNotHangs) {
   EXPECT_TRUE(contains_all(launch.output(), {"rank 0 of 2 done", "rank 1 of 2 done"}));
 }
 
-TEST(DdpLaunchTest, TwoNodesThatSpendTheBudgetBothListEveryFailure) {
+TEST(DdpLaunchTest, TwoNodesThatSpendTheBudgetBothListTheSameFailures) {
   LTA_REQUIRE_GLOO();
-  // Rank 2 (node 1) fails in every attempt. Both nodes restart once, then give up, each listing both failures as the
-  // nodes agreed on them. Node 0 hosts the store and stays until node 1 has left it (a node that asks a store that
-  // is gone falls back to its own account): neither loses the store nor prints a backtrace.
+  // Rank 2 (node 1) fails in every attempt. Both nodes restart once, then give up, each listing the failures of both
+  // attempts as the nodes agreed on them: the same lines on both. Node 0 hosts the store and stays until node 1 has
+  // left it (a node that asks a store that is gone falls back to its own account): neither loses the store nor
+  // prints a backtrace. (Which rank is named is not asserted here: rank 2 fails silently, and LibTorch's teardown
+  // can take longer than its peers take to fail after it, so its peers may be seen to fail first.)
   const std::string port = std::to_string(ddp::detail::find_free_port());
   const std::string common = " --nnodes 2 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " + port +
                              " --kill-grace-s 1 --max-restarts 1 ";
-  const std::string worker = kWorker + " fail --fail-rank 2 --code 3 --message 'node 1 broke'";
-  Process node0(kLaunch + common + "--node-rank 0 " + worker + " --others barrier");
+  const std::string worker = kWorker + " fail --fail-rank 2 --code 3 --others barrier";
+  Process node0(kLaunch + common + "--node-rank 0 " + worker);
   Process node1(kLaunch + common + "--node-rank 1 " + worker);
   EXPECT_NE(exit_code(node0.wait(kLimit)), 0) << node0.output();
-  EXPECT_EQ(exit_code(node1.wait(kLimit)), 3) << node1.output();
+  EXPECT_NE(exit_code(node1.wait(kLimit)), 0) << node1.output();
+  std::vector<std::string> summaries;
   for (const std::string& out : {node0.output(), node1.output()}) {
-    EXPECT_TRUE(contains_all(out, {"ddp-launch: gave up after 1 restart (--max-restarts 1); the failures in order:",
-                                   "ddp-launch:   attempt 0: node 1: rank 2 (local rank 0, pid ",
-                                   "ddp-launch:   attempt 1: node 1: rank 2 (local rank 0, pid "}))
+    const size_t gave_up = out.find("ddp-launch: gave up after 1 restart (--max-restarts 1); the failures in order:\n");
+    ASSERT_NE(gave_up, std::string::npos) << out;
+    summaries.push_back(out.substr(gave_up));
+    EXPECT_TRUE(contains_all(summaries.back(), {"ddp-launch:   attempt 0: node ", "ddp-launch:   attempt 1: node "}))
         << out;
     EXPECT_EQ(out.find("lost the job's store"), std::string::npos) << out;
     EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
   }
+  EXPECT_EQ(summaries[0], summaries[1]) << "the nodes named different causes";
 }
 
 TEST(DdpLaunchTest, TwoNodesOnLocalhostTrainTogether) {
