@@ -4,7 +4,9 @@
 #      its newest --checkpoint-dir save and wrote the next one), and the steps it lost;
 #   2. SIGSTOP of a rank: seconds from the stop until the launcher names it as hung, beyond --hang-timeout-s;
 #   3. the cost of progress reporting: amp_ddp's samples/s with hang detection off and on, runs alternating, and
-#      bench_progress_overhead's ns per event.
+#      bench_progress_overhead's ns per event;
+#   4. a lost node of an elastic job (--nnodes 1:2, one worker per node, --global-batch-size): seconds from kill -9
+#      of node 1's launcher (its worker goes with it) until node 0, alone, has trained a step again.
 # The job: amp_ddp O2 (bf16), 2 ranks on the CPU, synthetic data. Run it on an idle machine (it prints uptime).
 # Usage: benchmarks/fault_recovery.sh [BUILD_DIR] [REPEATS]
 set -euo pipefail
@@ -99,3 +101,30 @@ for ((i = 0; i < repeats; i++)); do
 done
 echo "   on/off: $(printf '%s\n' "${ratios[@]}" | stats) pairs"
 "$build/benchmarks/bench_progress_overhead"
+
+echo
+echo "4. kill -9 of node 1's launcher just after the save of step 10, --nnodes 1:2 --rejoin-wait-s 1 --max-restarts 1:"
+lost=()
+for ((i = 0; i < repeats; i++)); do
+  dir=$work/lost$i
+  port=$((29600 + i))
+  elastic=(--nnodes 1:2 --nproc-per-node 1 --master-port $port --max-restarts 1 --rejoin-wait-s 1)
+  global=(--synthetic --global-batch-size 64 --device cpu --seed 0 --opt-level O2 --epochs 1)  # 2 x 32, as above
+  for node in 0 1; do
+    "$launch" "${elastic[@]}" --node-rank $node "$amp_ddp" "${global[@]}" --limit-train 4096 --checkpoint-dir "$dir" \
+      --save-every 1 --keep-last 100 >"$work/lost$i-$node.out" 2>"$work/lost$i-$node.err" &
+    eval "node$node=\$!"
+  done
+  wait_for_file "$(step_file "$dir" 10)"
+  kill -9 "$node1"
+  killed=$(now)
+  newest=$(ls "$dir" | grep -c '^step-')
+  wait_for_file "$(step_file "$dir" $((newest + 1)))"
+  recovered=$(now)
+  wait "$node0"
+  wait "$node1" 2>/dev/null || true
+  seconds=$(awk -v a="$recovered" -v b="$killed" 'BEGIN {printf "%.2f", a - b}')
+  lost+=("$seconds")
+  echo "   run $i: node 1 killed after step $newest was saved; node 0 alone saved the next step ${seconds} s after the kill"
+done
+echo "   lost node -> a step trained again without it: $(printf '%s\n' "${lost[@]}" | stats) runs (s)"

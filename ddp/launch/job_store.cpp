@@ -26,6 +26,8 @@ std::string reports_key(int attempt) { return "attempt/" + std::to_string(attemp
 std::string cause_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/cause"; }
 std::string done_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/done"; }
 std::string left_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/left"; }
+std::string round_key(int round, const std::string& what) { return "round/" + std::to_string(round) + "/" + what; }
+constexpr const char* kCurrentRoundKey = "round/current";
 
 /// The first line of an exception's text, without LibTorch's backtrace.
 std::string why_of(const std::exception& e) {
@@ -96,14 +98,16 @@ std::unique_ptr<JobStore> JobStore::connect(const std::string& host, int port, s
 
 int JobStore::port() const { return impl_->tcp->getPort(); }
 
-void JobStore::report_failure(int attempt, std::chrono::system_clock::time_point when, const std::string& cause) {
+void JobStore::report_failure(int attempt, int node, std::chrono::system_clock::time_point when,
+                              const std::string& cause) {
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
-  impl_->call([&] { impl_->store->append(reports_key(attempt), bytes(std::to_string(ns) + " " + cause + "\n")); });
+  const std::string line = std::to_string(ns) + " " + std::to_string(node) + " " + cause + "\n";
+  impl_->call([&] { impl_->store->append(reports_key(attempt), bytes(line)); });
   impl_->call([&] { return impl_->store->compareSet(failed_key(attempt), std::vector<uint8_t>{}, bytes("1")); });
 }
 
-void JobStore::report_no_failure(int attempt) {
-  impl_->call([&] { impl_->store->append(reports_key(attempt), bytes("-\n")); });
+void JobStore::report_no_failure(int attempt, int node) {
+  impl_->call([&] { impl_->store->append(reports_key(attempt), bytes("- " + std::to_string(node) + "\n")); });
 }
 
 bool JobStore::failed(int attempt) {
@@ -125,16 +129,35 @@ std::optional<std::string> JobStore::cause_of(int attempt, int nodes, std::chron
   std::istringstream reports(all);
   std::string line, first;
   int64_t first_ns = 0;
-  while (std::getline(reports, line)) {
-    const size_t space = line.find(' ');
-    if (space == std::string::npos) continue;
-    const int64_t ns = std::stoll(line.substr(0, space));
+  std::vector<bool> reported(static_cast<size_t>(std::max(nodes, 0)), false);
+  while (std::getline(reports, line)) {  // "<ns> <node> <cause>" or "- <node>"
+    std::istringstream fields(line);
+    std::string when;
+    int node = -1;
+    fields >> when >> node;
+    if (node >= 0 && node < nodes) reported[static_cast<size_t>(node)] = true;
+    if (when == "-") continue;
+    std::string cause;
+    std::getline(fields >> std::ws, cause);
+    const int64_t ns = std::stoll(when);
     if (first.empty() || ns < first_ns) {
       first_ns = ns;
-      first = line.substr(space + 1);
+      first = cause;
     }
   }
   if (first.empty()) return std::nullopt;
+  // A node that never reported was lost with its launcher (killed, or cut off): that is the cause, and what the
+  // nodes that did report saw follows from it.
+  std::string lost;
+  for (int node = 0; node < nodes; ++node) {
+    if (!reported[static_cast<size_t>(node)]) lost += (lost.empty() ? "" : ", ") + std::to_string(node);
+  }
+  if (!lost.empty()) {
+    std::ostringstream why;
+    why << "node " << lost << " lost: its launcher did not report the attempt's end within "
+        << static_cast<double>(wait.count()) / 1000.0 << " s; first failure seen: " << first;
+    first = why.str();
+  }
   // Decided once: a report that arrives later does not change what a node already printed.
   return text(impl_->call([&] { return impl_->store->compareSet(cause_key(attempt), {}, bytes(first)); }));
 }
@@ -166,6 +189,54 @@ void JobStore::wait_for_leavers(int attempt, int nodes, std::chrono::millisecond
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+int64_t JobStore::join_round(int round, int id) {
+  const int64_t same_id =
+      impl_->call([&] { return impl_->store->add(round_key(round, "node/" + std::to_string(id)), 1); });
+  impl_->call([&] { return impl_->store->add(round_key(round, "joins"), 1); });
+  return same_id;
+}
+
+int64_t JobStore::joins(int round) {
+  return impl_->call([&] { return impl_->store->add(round_key(round, "joins"), 0); });
+}
+
+bool JobStore::joined(int round, int id) {
+  const std::string key = round_key(round, "node/" + std::to_string(id));
+  return impl_->call([&] { return impl_->store->check({key}); });
+}
+
+std::string JobStore::close_round(int round, const std::string& outcome) {
+  return text(impl_->call([&] { return impl_->store->compareSet(round_key(round, "outcome"), {}, bytes(outcome)); }));
+}
+
+std::optional<std::string> JobStore::round_outcome(int round) {
+  const std::string key = round_key(round, "outcome");
+  if (!impl_->call([&] { return impl_->store->check({key}); })) return std::nullopt;
+  return text(impl_->call([&] { return impl_->store->get(key); }));
+}
+
+void JobStore::set_current_round(int round) {
+  impl_->call([&] { impl_->store->set(kCurrentRoundKey, bytes(std::to_string(round))); });
+}
+
+int JobStore::current_round() {
+  if (!impl_->call([&] { return impl_->store->check({kCurrentRoundKey}); })) return 0;
+  return std::stoi(text(impl_->call([&] { return impl_->store->get(kCurrentRoundKey); })));
+}
+
+void JobStore::leave_round(int round) noexcept {
+  try {
+    impl_->store->append(round_key(round, "left"), {'.'});  // as leave(): no answer awaited
+  } catch (...) {
+  }
+}
+
+int64_t JobStore::round_leavers(int round) {
+  const std::string key = round_key(round, "left");
+  if (!impl_->call([&] { return impl_->store->check({key}); })) return 0;
+  return static_cast<int64_t>(impl_->call([&] { return impl_->store->get(key); }).size());
 }
 
 }  // namespace ddp::detail

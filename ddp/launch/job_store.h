@@ -27,15 +27,16 @@ class JobStore {
   /// Records a failure of `attempt` on this node, seen to happen at `when` (the wall clock: nodes compare them), with
   /// its one-line `cause`; the other nodes learn from failed() that the attempt failed. Each node reports once per
   /// failed attempt: this, or report_no_failure().
-  void report_failure(int attempt, std::chrono::system_clock::time_point when, const std::string& cause);
+  void report_failure(int attempt, int node, std::chrono::system_clock::time_point when, const std::string& cause);
   /// Records that this node's workers did not fail by themselves in `attempt` (they were stopped, or had finished).
-  void report_no_failure(int attempt);
+  void report_no_failure(int attempt, int node);
   /// Whether any node reported a failure of `attempt`.
   bool failed(int attempt);
   /// The cause every node names for `attempt`: of the failures reported, the one that happened first, decided once
   /// by the first node to ask (the others get the same answer). Waits until all `nodes` have reported (a node where
   /// the failure happened may report after one whose workers failed as a consequence, by seconds on a loaded
-  /// machine), for up to `wait` (a node that never reports was lost). nullopt when no failure was reported.
+  /// machine), for up to `wait`. A node that never reports was lost: then the cause is "node N lost: ...; first
+  /// failure seen: <cause>". nullopt when no failure was reported.
   std::optional<std::string> cause_of(int attempt, int nodes, std::chrono::milliseconds wait);
   /// Records that this node's workers finished `attempt`; returns how many nodes have.
   int64_t report_done(int attempt);
@@ -45,6 +46,28 @@ class JobStore {
   void leave(int attempt) noexcept;
   /// Node 0: waits until `nodes` others have left, for up to `timeout` (a node that does not say so was lost).
   void wait_for_leavers(int attempt, int nodes, std::chrono::milliseconds timeout);
+
+  // Rounds of an elastic job's membership (--nnodes MIN:MAX; the policy is detail::Rendezvous's). Round R decides
+  // which nodes run attempt R: each node joins it, node 0 closes it with its outcome.
+
+  /// Records that the node `id` (its --node-rank) joins round `round`; returns how many times that id joined it (more
+  /// than 1: another node has the same id).
+  int64_t join_round(int round, int id);
+  /// How many joins round `round` has had (any id).
+  int64_t joins(int round);
+  /// Whether node `id` joined round `round`.
+  bool joined(int round, int id);
+  /// Node 0: sets round `round`'s outcome (once: returns the outcome that is set).
+  std::string close_round(int round, const std::string& outcome);
+  /// Round `round`'s outcome; nullopt while it is open.
+  std::optional<std::string> round_outcome(int round);
+  /// The round a node that starts now joins first (node 0 sets it as it opens each round); 0 before any.
+  void set_current_round(int round);
+  int current_round();
+  /// A node that learnt a round's outcome and will not call node 0 again says so (a write that waits for no answer);
+  /// node 0 counts them with round_leavers(). Never throws.
+  void leave_round(int round) noexcept;
+  int64_t round_leavers(int round);
 
  private:
   struct Impl;  // the c10d store, kept out of this header

@@ -25,6 +25,7 @@
 #include <ddp/launch/health_watch.h>
 #include <ddp/launch/job_store.h>
 #include <ddp/launch/progress_record.h>
+#include <ddp/launch/rendezvous.h>
 #include <ddp/launch/restart_policy.h>
 #include <ddp/launch/worker_group.h>
 #include <ddp/process_group.h>
@@ -88,6 +89,9 @@ class SignalForwarding {
 void validate(const LaunchConfig& c) {
   TORCH_CHECK(c.nproc_per_node >= 1, "--nproc-per-node must be a positive integer, got ", c.nproc_per_node);
   TORCH_CHECK(c.nnodes >= 1, "--nnodes must be a positive integer, got ", c.nnodes);
+  TORCH_CHECK(!c.min_nodes || (*c.min_nodes >= 1 && *c.min_nodes <= c.nnodes),
+              "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", c.min_nodes.value_or(0), ":", c.nnodes);
+  TORCH_CHECK(c.rejoin_wait.count() >= 0, "--rejoin-wait-s must be a non-negative number of seconds");
   TORCH_CHECK(c.node_rank >= 0 && c.node_rank < c.nnodes, "--node-rank must be in [0, ", c.nnodes, ") for --nnodes ",
               c.nnodes, ", got ", c.node_rank);
   TORCH_CHECK(c.master_port >= 0 && c.master_port <= kMaxPort, "--master-port must be in [0, ", kMaxPort, "], got ",
@@ -217,6 +221,7 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
   std::string nproc_per_node, nnodes = "1", node_rank = "0", master_port = std::to_string(c.master_port);
   std::string kill_grace_s = seconds_value(c.kill_grace), rendezvous_timeout_s, collective_timeout_s;
   std::string max_restarts = std::to_string(c.max_restarts), hang_timeout_s = seconds_value(c.hang_timeout);
+  std::string rejoin_wait_s = seconds_value(c.rejoin_wait);
   CLI::App app{
       "ddp-launch: starts a data-parallel job's worker processes on this node with the torchrun environment "
       "contract (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK). Options "
@@ -225,7 +230,9 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
   app.formatter(std::make_shared<LaunchHelpFormatter>());
   app.option_defaults()->always_capture_default();  // --help shows each default: "--master-port TEXT=29500"
   app.add_option("--nproc-per-node,--nproc_per_node", nproc_per_node, "Worker processes on this node")->required();
-  app.add_option("--nnodes", nnodes, "Nodes in the job");
+  app.add_option("--nnodes", nnodes,
+                 "Nodes in the job; MIN:MAX (elastic): each start of the workers takes the nodes present, at least "
+                 "MIN, and a node that joins later is admitted by a restart");
   app.add_option("--node-rank,--node_rank", node_rank, "This node's rank; node 0 hosts the rendezvous");
   app.add_option("--master-addr,--master_addr", c.master_addr, "Address of node 0");
   app.add_option("--master-port,--master_port", master_port,
@@ -245,6 +252,9 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
                  "Seconds a worker may wait in a collective without progress before the worker it waits for is named "
                  "as hung and the workers are stopped (restarted with --max-restarts); the first step and waits for a "
                  "ddp::ProgressPause are not timed; 0: off");
+  app.add_option("--rejoin-wait-s", rejoin_wait_s,
+                 "Elastic (--nnodes MIN:MAX): seconds node 0 waits for missing nodes before the workers start with "
+                 "fewer");
   app.prefix_command();  // everything from the program on belongs to the program
 
   ParsedLaunchArgs result;
@@ -261,7 +271,14 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
     }
     c.command = std::move(rest);
     c.nproc_per_node = int_flag("--nproc-per-node", nproc_per_node, 1, INT_MAX, "a positive integer");
-    c.nnodes = int_flag("--nnodes", nnodes, 1, INT_MAX, "a positive integer");
+    if (const size_t colon = nnodes.find(':'); colon != std::string::npos) {
+      c.min_nodes = int_flag("--nnodes", nnodes.substr(0, colon), 1, INT_MAX, "N or MIN:MAX with positive integers");
+      c.nnodes = int_flag("--nnodes", nnodes.substr(colon + 1), 1, INT_MAX, "N or MIN:MAX with positive integers");
+      TORCH_CHECK(*c.min_nodes <= c.nnodes, "--nnodes MIN:MAX needs MIN <= MAX, got ", nnodes);
+    } else {
+      c.nnodes = int_flag("--nnodes", nnodes, 1, INT_MAX, "a positive integer");
+    }
+    c.rejoin_wait = seconds_flag("--rejoin-wait-s", rejoin_wait_s, /*positive=*/false);
     c.node_rank = int_flag("--node-rank", node_rank, 0, INT_MAX, "a non-negative integer");
     c.master_port = int_flag("--master-port", master_port, 0, kMaxPort, "an integer in [0, 65535]");
     c.kill_grace = seconds_flag("--kill-grace-s", kill_grace_s, /*positive=*/false);
@@ -441,7 +458,7 @@ std::optional<std::string> wait_for_other_nodes(const LaunchConfig& c, detail::J
   int64_t done = store.report_done(attempt);
   while (done < c.nnodes && g_received_signal == 0) {
     if (store.failed(attempt)) {
-      store.report_no_failure(attempt);
+      store.report_no_failure(attempt, c.node_rank);
       return store.cause_of(attempt, c.nnodes, c.kill_grace + kCauseWait).value_or("another node failed");
     }
     TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "this node's workers finished, but only ", done, " of ",
@@ -469,7 +486,7 @@ std::chrono::system_clock::time_point wall_time_of(std::chrono::steady_clock::ti
 /// Runs one attempt: starts this node's workers, supervises them and, with a job store, agrees with the other
 /// nodes on how it ended.
 AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::JobStore* store,
-                       const LaunchFolder& folder, std::ostream& log) {
+                       detail::Rendezvous* rendezvous, const LaunchFolder& folder, std::ostream& log) {
   std::optional<detail::HealthWatch> watch;
   if (c.hang_timeout.count() > 0 && !folder.path().empty()) {
     std::vector<int> ranks;
@@ -481,7 +498,8 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
   detail::WorkerGroup group;  // (after the watch: the workers are gone before their progress files)
   start_workers(c, port, WorkerAttempt{attempt, store != nullptr, "", ""}, attempt, folder, watch ? &*watch : nullptr,
                 group);
-  const bool shared = store != nullptr && c.nnodes > 1;
+  // (Node 0 of an elastic job: shared even alone, so that it restarts for a node that asks to join.)
+  const bool shared = store != nullptr && (c.nnodes > 1 || rendezvous != nullptr);
   const std::string node = "node " + std::to_string(c.node_rank) + ": ";
   bool reported = false;  // (shared) this node's one report of a failed attempt is in the store
   detail::WaitHooks hooks;
@@ -493,10 +511,17 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
     };
   }
   if (shared) {
-    hooks.stop_requested = [&] { return store->failed(attempt); };
+    hooks.stop_requested = [&] {
+      if (store->failed(attempt)) return true;
+      const std::optional<std::string> newcomer = rendezvous ? rendezvous->newcomer(attempt + 1) : std::nullopt;
+      if (!newcomer) return false;
+      store->report_failure(attempt, c.node_rank, std::chrono::system_clock::now(), *newcomer);
+      reported = true;
+      return true;
+    };
     // Reported at once, so that the other nodes stop their workers; which failure was first is decided after.
     hooks.first_failure = [&](const detail::WorkerExit& first) {
-      store->report_failure(attempt, wall_time_of(first.observed), node + cause_line({first}));
+      store->report_failure(attempt, c.node_rank, wall_time_of(first.observed), node + cause_line({first}));
       reported = true;
     };
   }
@@ -524,9 +549,9 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
     try {
       if (!reported) {  // stopped for another node's failure, or failed only while being stopped
         if (failures.front().stopped_by_group) {
-          store->report_no_failure(attempt);
+          store->report_no_failure(attempt, c.node_rank);
         } else {
-          store->report_failure(attempt, wall_time_of(failures.front().observed), fallback);
+          store->report_failure(attempt, c.node_rank, wall_time_of(failures.front().observed), fallback);
         }
       }
       return store->cause_of(attempt, c.nnodes, c.kill_grace + kCauseWait).value_or(fallback);
@@ -548,8 +573,9 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
   } else {
     end.exit_code = 1;
     end.cause = shared ? agreed_cause("another node failed") : "stopped";
+    const bool membership = end.cause.rfind(detail::kMembershipChange, 0) == 0;
     log << "ddp-launch: stopped this node's " << c.nproc_per_node << " worker" << (c.nproc_per_node == 1 ? "" : "s")
-        << " after another node's failed: " << end.cause << std::endl;
+        << (membership ? " for a " : " after another node's failed: ") << end.cause << std::endl;
   }
   return end;
 }
@@ -563,12 +589,14 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
     log << "ddp-launch: " << problem->message << std::endl;
     return problem->exit_code;
   }
-  // With restarts, the launchers share a store on the master port (node 0's hosts it; the workers use it too).
+  const bool host = c.node_rank == 0;
+  // With restarts or elastic membership, the launchers share a store on the master port (node 0's hosts it; the
+  // workers use it too).
   std::unique_ptr<detail::JobStore> store;
-  if (c.max_restarts > 0) {
-    store = c.node_rank == 0 ? detail::JobStore::host(c.master_port)
-                             : detail::JobStore::connect(c.master_addr, c.master_port,
-                                                         c.rendezvous_timeout.value_or(kDefaultNodesDoneWait));
+  if (c.max_restarts > 0 || c.elastic()) {
+    store = host ? detail::JobStore::host(c.master_port)
+                 : detail::JobStore::connect(c.master_addr, c.master_port,
+                                             c.rendezvous_timeout.value_or(kDefaultNodesDoneWait));
   }
   const int port = store ? store->port() : c.master_port != 0 ? c.master_port : detail::find_free_port(c.master_addr);
   SignalForwarding forwarding;
@@ -578,16 +606,56 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
         << " for the workers' error and progress files: errors are quoted from stderr only, hangs are not watched"
         << std::endl;
   }
+  std::optional<detail::Rendezvous> rendezvous;
+  if (c.elastic()) {
+    rendezvous.emplace(*store, detail::Rendezvous::Options{c.node_rank, *c.min_nodes, c.nnodes, c.rejoin_wait,
+                                                           c.rendezvous_timeout.value_or(kDefaultNodesDoneWait),
+                                                           [] { return g_received_signal != 0; }});
+  }
   detail::RestartBudget budget(c.max_restarts);
-  for (int attempt = 0;; ++attempt) {
-    const AttemptEnd end = run_attempt(c, port, attempt, store.get(), folder, log);
-    if (end.succeeded) return 0;
+  std::string restart_line;  // node 0 of an elastic job: sent to the other nodes with the next round's outcome
+  std::vector<int> members;  // elastic: the node ids of the last attempt
+  for (int attempt = rendezvous && !host ? store->current_round() : 0;; ++attempt) {
+    LaunchConfig here = c;  // elastic: this attempt's nodes and this node's rank among them
+    if (rendezvous) {
+      const std::optional<detail::RoundOutcome> round =
+          host ? rendezvous->host(attempt, restart_line) : rendezvous->join(attempt);
+      if (!round) {  // asked to stop while waiting for the nodes
+        const int received = g_received_signal;
+        log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received) << ")" << std::endl;
+        if (host) rendezvous->end(attempt, kSignalExitBase + received, "ddp-launch: node 0 was asked to stop\n", 0, {});
+        return kSignalExitBase + received;
+      }
+      attempt = round->round;
+      if (!host) log << round->message << std::flush;
+      if (round->ended) return round->exit_code;
+      here.nnodes = static_cast<int>(round->members.size());
+      here.node_rank = round->node_rank_of(c.node_rank);
+      if (round->members != members) {
+        std::string ids;
+        for (const int id : round->members) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+        log << "ddp-launch: attempt " << attempt << " runs on " << here.nnodes << " of at most " << c.nnodes
+            << " nodes (--node-rank " << ids << "), world size " << here.nnodes * c.nproc_per_node
+            << "; this node is node " << here.node_rank << std::endl;
+      }
+      members = round->members;
+    }
+    const AttemptEnd end =
+        run_attempt(here, port, attempt, store.get(), rendezvous && host ? &*rendezvous : nullptr, folder, log);
+    // Node 0 of an elastic job ends it for the nodes that come to the next round (`expected` of them at least).
+    const auto end_job = [&](int exit_code, const std::string& message, int expected) {
+      if (rendezvous && host) rendezvous->end(attempt + 1, exit_code, message, expected, c.kill_grace + kLeaveWait);
+    };
+    if (end.succeeded) {
+      end_job(0, "ddp-launch: the job finished before this node was admitted\n", 0);
+      return 0;
+    }
     // The job ends here for this node: node 0, which hosts the store, stays until the others no longer need it.
     const auto leave_the_others = [&] {
-      if (!store || c.nnodes == 1) return;
-      if (c.node_rank == 0) {
+      if (!store || here.nnodes == 1) return;
+      if (host) {
         try {
-          store->wait_for_leavers(attempt, c.nnodes - 1, c.kill_grace + kLeaveWait);
+          store->wait_for_leavers(attempt, here.nnodes - 1, c.kill_grace + kLeaveWait);
         } catch (const c10::Error&) {
         }
       } else {
@@ -599,15 +667,33 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
       log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received)
           << "): forwarded it to its " << c.nproc_per_node << " worker" << (c.nproc_per_node == 1 ? "" : "s")
           << " and stopped them" << std::endl;
-      leave_the_others();
-      return end.asked_to_stop ? kSignalExitBase + received : end.exit_code;
+      const int exit_code = end.asked_to_stop ? kSignalExitBase + received : end.exit_code;
+      if (rendezvous) {
+        end_job(exit_code, "ddp-launch: node 0 was asked to stop; the job ended\n", here.nnodes - 1);
+      } else {
+        leave_the_others();
+      }
+      return exit_code;
     }
-    if (!budget.record_failure(end.cause)) {
-      log << budget.give_up_summary("ddp-launch: ") << std::flush;
-      leave_the_others();
+    // Elastic: node 0 decides whether and why the job goes on; the next round's outcome tells the other nodes.
+    if (rendezvous && !host) continue;
+    if (end.cause.rfind(detail::kMembershipChange, 0) == 0) {  // not a failure: not charged to the budget
+      restart_line = "ddp-launch: restart for a " + end.cause + "\n";
+      log << restart_line << std::flush;
+      continue;
+    }
+    if (!budget.record_failure(attempt, end.cause)) {
+      const std::string summary = budget.give_up_summary("ddp-launch: ");
+      log << summary << std::flush;
+      if (rendezvous) {
+        end_job(end.exit_code, summary, here.nnodes - 1);
+      } else {
+        leave_the_others();
+      }
       return end.exit_code;
     }
-    log << "ddp-launch: " << budget.restart_line() << std::endl;
+    restart_line = "ddp-launch: " + budget.restart_line() + "\n";
+    log << restart_line << std::flush;
   }
 }
 

@@ -19,8 +19,13 @@ constexpr std::chrono::milliseconds kDefaultHangTimeout{600000};
 /// What ddp-launch was asked to do.
 struct LaunchConfig {
   int nproc_per_node = 1;  // workers on this node
-  int nnodes = 1;          // nodes in the job
+  int nnodes = 1;          // nodes in the job (elastic: at most)
   int node_rank = 0;       // this node's place, 0 <= node_rank < nnodes; node 0 hosts the rendezvous
+  /// Elastic (--nnodes MIN:MAX, torchrun's syntax), when set below nnodes: each attempt runs with the nodes present,
+  /// at least this many (detail::Rendezvous). A node's rank in an attempt is its place among the node ranks present.
+  std::optional<int> min_nodes;
+  /// Elastic: how long node 0 waits for missing nodes before an attempt starts with fewer (at least min_nodes).
+  std::chrono::milliseconds rejoin_wait{30000};
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultMasterPort;        // 0: pick a free port (single node only)
   bool local_rank_arg = false;                 // also pass --local-rank=N to each worker (the legacy launcher's way)
@@ -39,6 +44,8 @@ struct LaunchConfig {
   /// save, an evaluation), up to 5 timeouts (detail::HealthWatch). 0: off.
   std::chrono::milliseconds hang_timeout{kDefaultHangTimeout};
   std::vector<std::string> command;  // the worker program and its arguments
+
+  bool elastic() const { return min_nodes && *min_nodes < nnodes; }
 };
 
 /// What one start of the workers tells them beyond the rendezvous (torchrun's names).

@@ -4,8 +4,8 @@
 
 namespace ddp::detail {
 
-bool RestartBudget::record_failure(const std::string& cause) {
-  failures_.push_back(cause);
+bool RestartBudget::record_failure(int attempt, const std::string& cause) {
+  failures_.emplace_back(attempt, cause);
   if (restarts_ >= max_restarts_) return false;
   ++restarts_;
   return true;
@@ -14,7 +14,7 @@ bool RestartBudget::record_failure(const std::string& cause) {
 std::string RestartBudget::restart_line() const {
   std::ostringstream out;
   out << "restart " << restarts_ << " of " << max_restarts_
-      << " after: " << (failures_.empty() ? "" : failures_.back());
+      << " after: " << (failures_.empty() ? "" : failures_.back().second);
   return out.str();
 }
 
@@ -23,7 +23,7 @@ std::string RestartBudget::give_up_summary(const std::string& prefix) const {
   std::ostringstream out;
   out << prefix << "gave up after " << restarts_ << " restart" << (restarts_ == 1 ? "" : "s") << " (--max-restarts "
       << max_restarts_ << "); the failures in order:\n";
-  for (size_t i = 0; i < failures_.size(); ++i) out << prefix << "  attempt " << i << ": " << failures_[i] << "\n";
+  for (const auto& [attempt, cause] : failures_) out << prefix << "  attempt " << attempt << ": " << cause << "\n";
   return out.str();
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::detail {
@@ -11,13 +12,14 @@ class RestartBudget {
  public:
   explicit RestartBudget(int max_restarts) : max_restarts_(max_restarts) {}
 
-  /// Records the failure of the attempt now ending (its one-line cause); returns whether a restart is left for it.
-  bool record_failure(const std::string& cause);
+  /// Records the failure of attempt `attempt` (its one-line cause); returns whether a restart is left for it. (The
+  /// attempts are counted apart: an elastic job also restarts for a node that joins, which is not a failure.)
+  bool record_failure(int attempt, const std::string& cause);
 
   /// The restarts made so far (TORCHELASTIC_RESTART_COUNT of the next attempt).
   int restarts() const { return restarts_; }
   int max_restarts() const { return max_restarts_; }
-  const std::vector<std::string>& failures() const { return failures_; }
+  const std::vector<std::pair<int, std::string>>& failures() const { return failures_; }  // attempt, cause
 
   /// "restart 1 of 3 after: <cause>": the line logged before starting the workers again.
   std::string restart_line() const;
@@ -29,7 +31,7 @@ class RestartBudget {
  private:
   int max_restarts_;
   int restarts_ = 0;
-  std::vector<std::string> failures_;
+  std::vector<std::pair<int, std::string>> failures_;
 };
 
 }  // namespace ddp::detail

@@ -37,6 +37,11 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
                "own pattern; training and test samples come from the same distribution)");
   app.add_option("--epochs", flags.epochs, "Epochs (> 0)");
   app.add_option("--batch-size", flags.batch_size, "Batch size per process (> 0)");
+  app.add_option("--global-batch-size", flags.global_batch_size,
+                 "Batch size of the whole job, split evenly among the processes; replaces --batch-size. The data order "
+                 "and the steps do not depend on the number of processes, so the run resumes on another number (an "
+                 "elastic job, ddp-launch --nnodes MIN:MAX)")
+      ->excludes("--batch-size");
   app.add_option("--lr", flags.lr, "Learning rate (> 0, finite)");
   app.add_option("--seed", flags.seed, "Random seed (model initialization and synthetic data)");
   app.add_option("--limit-train", flags.limit_train, "Train on the first N samples only (0: all)");
@@ -62,13 +67,24 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
 }
 
 std::string run_header_line(const CommonFlags& flags, const Data& data, const RunHeader& header) {
-  return fmt::format(
-      "{} process{}{}, {} | {} | {}, lr {}, batch {} per process, {} epoch(s) | {} training samples, "
-      "{} test samples{}",
-      header.processes, header.processes == 1 ? "" : "es",
-      header.backend.empty() ? std::string() : " (" + header.backend + ")", header.where, header.precision,
-      header.optimizer, flags.lr, flags.batch_size, flags.epochs, data.train.images.size(0), data.test.images.size(0),
-      header.extras);
+  const std::string batch = flags.global_batch_size
+                                ? fmt::format("global batch {} ({} per process)", *flags.global_batch_size,
+                                              *flags.global_batch_size / std::max<int64_t>(header.processes, 1))
+                                : fmt::format("batch {} per process", flags.batch_size);
+  return fmt::format("{} process{}{}, {} | {} | {}, lr {}, {}, {} epoch(s) | {} training samples, {} test samples{}",
+                     header.processes, header.processes == 1 ? "" : "es",
+                     header.backend.empty() ? std::string() : " (" + header.backend + ")", header.where,
+                     header.precision, header.optimizer, flags.lr, batch, flags.epochs, data.train.images.size(0),
+                     data.test.images.size(0), header.extras);
+}
+
+int64_t batch_per_process(const CommonFlags& flags, int64_t world_size) {
+  if (!flags.global_batch_size) return flags.batch_size;
+  if (*flags.global_batch_size % world_size != 0) {
+    throw std::invalid_argument(fmt::format("--global-batch-size {} does not split evenly among {} processes",
+                                            *flags.global_batch_size, world_size));
+  }
+  return *flags.global_batch_size / world_size;
 }
 
 std::string sgd_description(const std::string& name) { return fmt::format("{} momentum {}", name, kSgdMomentum); }
@@ -112,6 +128,7 @@ void require_positive(const char* flag, int64_t value) {
 void check_common_flags(const CommonFlags& flags) {
   require_positive("--epochs", flags.epochs);
   require_positive("--batch-size", flags.batch_size);
+  if (flags.global_batch_size) require_positive("--global-batch-size", *flags.global_batch_size);
   if (!(std::isfinite(flags.lr) && flags.lr > 0)) {
     throw std::invalid_argument(fmt::format("--lr must be a positive finite number, got {}", flags.lr));
   }
@@ -206,16 +223,25 @@ torch::Device pick_device(const std::string& name, int local_rank) {
 
 double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
                    const Rank& rank, const StepFn& step, Progress& progress, int64_t first_batch,
-                   const AfterStepFn& after_step) {
+                   const AfterStepFn& after_step, bool global_order) {
   const auto n = static_cast<size_t>(train.images.size(0));
-  torch::data::samplers::DistributedRandomSampler sampler(n, static_cast<size_t>(rank.world_size),
-                                                          static_cast<size_t>(rank.rank));
+  // Global order: the one-replica shuffle of every sample, each step's job batch cut into the ranks' parts.
+  torch::data::samplers::DistributedRandomSampler sampler(n, global_order ? 1 : static_cast<size_t>(rank.world_size),
+                                                          global_order ? 0 : static_cast<size_t>(rank.rank));
   sampler.set_epoch(static_cast<size_t>(epoch));
   sampler.reset();
   const std::vector<size_t> shard = sampler.next(n).value_or(std::vector<size_t>{});
   std::vector<int64_t> shard64(shard.begin(), shard.end());
-  const auto order = torch::tensor(shard64, torch::kInt64);
-  const auto local = static_cast<int64_t>(shard64.size());
+  auto order = torch::tensor(shard64, torch::kInt64);
+  if (global_order) {
+    const int64_t job_batch = batch_size * rank.world_size;
+    const int64_t steps = static_cast<int64_t>(n) / job_batch;  // a last part-batch is left out
+    order = order.slice(0, 0, steps * job_batch)
+                .view({steps, rank.world_size, batch_size})
+                .select(1, rank.rank)
+                .reshape({-1});  // this rank's parts, step after step
+  }
+  const auto local = order.numel();
   const int64_t steps = (local + batch_size - 1) / batch_size;
 
   const auto start = Progress::Clock::now();
@@ -265,6 +291,7 @@ void write_run_state(torch::serialize::OutputArchive& archive, const RunState& s
                                                     {"steps", state.position.steps},
                                                     {"seed", seed_bits},
                                                     {"batch_size", state.batch_size},
+                                                    {"global_batch_size", state.global_batch_size},
                                                     {"world_size", state.world_size},
                                                     {"train_samples", state.train_samples}};
   for (const auto& [key, value] : values) archive.write(key, torch::tensor({value}, torch::kInt64));
@@ -288,8 +315,12 @@ RunState read_run_state(torch::serialize::InputArchive& archive) {
   state.batch_size = read_int(archive, "batch_size");
   state.world_size = read_int(archive, "world_size");
   state.train_samples = read_int(archive, "train_samples");
+  torch::Tensor global_batch;  // absent in files written before it was recorded: split by processes
+  if (archive.try_read("global_batch_size", global_batch)) {
+    state.global_batch_size = read_int(archive, "global_batch_size");
+  }
   if (state.position.epoch < 1 || state.position.batches_done < 0 || state.position.steps < 0 || state.batch_size < 1 ||
-      state.world_size < 1 || state.train_samples < 0) {
+      state.world_size < 1 || state.train_samples < 0 || state.global_batch_size < 0) {
     throw std::runtime_error(fmt::format(
         "its run state is malformed (epoch {}, batches done {}, steps {}, batch size {}, world size {}, samples {})",
         state.position.epoch, state.position.batches_done, state.position.steps, state.batch_size, state.world_size,
@@ -318,7 +349,8 @@ RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t
   state.ddp_gradient_order = std::move(ddp_gradient_order);
   state.position = position;
   state.seed = flags.seed;
-  state.batch_size = flags.batch_size;
+  state.batch_size = batch_per_process(flags, world_size);
+  state.global_batch_size = flags.global_batch_size.value_or(0);
   state.world_size = world_size;
   state.train_samples = train_samples;
   auto generator = at::detail::getDefaultCPUGenerator();
@@ -365,14 +397,27 @@ TrainingPosition resume_position(const std::string& path, const std::optional<Ru
     throw differs(
         fmt::format("the checkpoint was made with --seed {}, this run has --seed {}", saved->seed, flags.seed));
   }
-  if (saved->batch_size != flags.batch_size) {
+  const auto global_flag = [](int64_t global) {
+    return global > 0 ? fmt::format("--global-batch-size {}", global) : std::string("no --global-batch-size");
+  };
+  if (saved->global_batch_size != flags.global_batch_size.value_or(0)) {
+    throw differs(fmt::format("the checkpoint was made with {}, this run has {}", global_flag(saved->global_batch_size),
+                              global_flag(flags.global_batch_size.value_or(0))));
+  }
+  if (!flags.global_batch_size && saved->batch_size != flags.batch_size) {
     throw differs(fmt::format("the checkpoint was made with --batch-size {}, this run has --batch-size {}",
                               saved->batch_size, flags.batch_size));
   }
-  if (saved->world_size != world_size) {
+  if (flags.global_batch_size && saved->world_size != world_size && rank.rank == 0) {
+    fmt::print(
+        "resuming on {} process(es), saved on {}: the same samples per step (--global-batch-size {}), {} per process "
+        "now; the sums run in another order, so the result matches the unbroken run to rounding, not bit for bit\n",
+        world_size, saved->world_size, *flags.global_batch_size, batch_per_process(flags, world_size));
+  }
+  if (!flags.global_batch_size && saved->world_size != world_size) {
     throw differs(
         fmt::format("the checkpoint was made by {} process(es), this run has {} (--nproc, "
-                    "--nproc-per-node x --nnodes)",
+                    "--nproc-per-node x --nnodes; --global-batch-size resumes on another number)",
                     saved->world_size, world_size));
   }
   if (saved->train_samples != train_samples) {
@@ -402,26 +447,32 @@ TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train,
     fmt::print("the run is past epoch {} already (--epochs {}): nothing left to train\n", position.epoch - 1,
                flags.epochs);
   }
+  const int64_t batch = batch_per_process(flags, rank.world_size);
+  if (flags.global_batch_size && *flags.global_batch_size > train.images.size(0)) {
+    throw std::invalid_argument(fmt::format("--global-batch-size {} is more than the {} training samples",
+                                            *flags.global_batch_size, train.images.size(0)));
+  }
   int64_t steps_here = 0;
   bool stop = false;
   Progress progress(progress_style(flags.quiet, stdout), flags.progress_every);
   while (position.epoch <= flags.epochs && !stop) {
     const int64_t epoch = position.epoch;
-    const double loss =
-        train_epoch(train, static_cast<int>(epoch), flags.epochs, flags.batch_size, device, rank, loop.step, progress,
-                    position.batches_done, [&](int64_t batches_done, int64_t batches_in_epoch) {
-                      ++position.steps;
-                      ++steps_here;
-                      position.batches_done = batches_done;
-                      if (batches_done >= batches_in_epoch) position = {epoch + 1, 0, position.steps};
-                      if ((rank.rank == 0 || loop.save_on_every_rank) && flags.save_every &&
-                          position.steps % *flags.save_every == 0) {
-                        if (rank.rank == 0) progress.interrupt();  // the save's line below the progress line
-                        loop.save(position);
-                      }
-                      stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;
-                      return !stop;
-                    });
+    const double loss = train_epoch(
+        train, static_cast<int>(epoch), flags.epochs, batch, device, rank, loop.step, progress, position.batches_done,
+        [&](int64_t batches_done, int64_t batches_in_epoch) {
+          ++position.steps;
+          ++steps_here;
+          position.batches_done = batches_done;
+          if (batches_done >= batches_in_epoch) position = {epoch + 1, 0, position.steps};
+          if ((rank.rank == 0 || loop.save_on_every_rank) && flags.save_every &&
+              position.steps % *flags.save_every == 0) {
+            if (rank.rank == 0) progress.interrupt();  // the save's line below the progress line
+            loop.save(position);
+          }
+          stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;
+          return !stop;
+        },
+        /*global_order=*/flags.global_batch_size.has_value());
     if (!stop && position.epoch == epoch) position = {epoch + 1, 0, position.steps};  // an epoch without batches
     if (position.epoch > epoch && loop.end_epoch) loop.end_epoch(epoch, loss);
   }

@@ -31,6 +31,9 @@ struct CommonFlags {
   bool synthetic = false;
   int epochs = 1;
   int64_t batch_size = 128;  // per process
+  /// The whole job's batch per step, split evenly among the processes; replaces batch_size. The data order and the
+  /// steps then do not depend on the number of processes: a run resumes on another number (an elastic job).
+  std::optional<int64_t> global_batch_size;
   double lr = 0.05;
   uint64_t seed = 0;
   int64_t limit_train = 0;  // 0: the whole training split
@@ -60,6 +63,10 @@ std::optional<int> parse_flags(CLI::App& app, int argc, char** argv);
 /// --save, --resume an existing file, --save's folder existing. Throws std::invalid_argument naming the flag and its
 /// value. Called before anything is loaded or written.
 void check_common_flags(const CommonFlags& flags);
+
+/// Each process's batch: --batch-size, or --global-batch-size / world_size. Throws std::invalid_argument naming
+/// --global-batch-size when it does not split evenly among `world_size` processes.
+int64_t batch_per_process(const CommonFlags& flags, int64_t world_size);
 
 /// Throws std::invalid_argument("<flag> must be a positive integer, got <value>") unless value > 0.
 void require_positive(const char* flag, int64_t value);
@@ -114,11 +121,14 @@ using AfterStepFn = std::function<bool(int64_t batches_done, int64_t batches_in_
 /// Runs one epoch over this rank's shard of `train` (torch::data::samplers::DistributedRandomSampler with
 /// set_epoch(epoch), so every rank shuffles alike and the shards are disjoint), in batches of `batch_size`
 /// moved to `device`, starting at batch `first_batch` of the epoch's order (the batches before it were done by the
-/// run a --resume continues). Rank 0 shows its progress on `progress` (the mean loss, the job's samples/s over all
+/// run a --resume continues). With `global_order`, the epoch's order is instead one shuffle of all samples (the
+/// sampler's with one replica), step s takes its samples [s * B, (s + 1) * B) for the job's batch B = batch_size x
+/// world size, rank r the r-th part of them, and a last part-batch is left out: the same samples per step on any
+/// number of processes. Rank 0 shows its progress on `progress` (the mean loss, the job's samples/s over all
 /// ranks, the ETA). Returns the mean loss of the batches this call ran.
 double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
                    const Rank& rank, const StepFn& step, Progress& progress, int64_t first_batch = 0,
-                   const AfterStepFn& after_step = {});
+                   const AfterStepFn& after_step = {}, bool global_order = false);
 
 /// Where a run stands, recorded in every checkpoint so that a resumed run continues exactly where the saved one
 /// stood (docs/examples.md, "Resuming").
@@ -129,12 +139,14 @@ struct TrainingPosition {
 };
 
 /// What a checkpoint records beside model and optimizer: the position, what fixes the data order (checked on
-/// resume: --seed, --batch-size, the number of processes and of training samples), and torch's default CPU
+/// resume: --seed, --batch-size or --global-batch-size, the number of processes unless --global-batch-size, and the
+/// number of training samples), and torch's default CPU
 /// generator.
 struct RunState {
   TrainingPosition position;
   uint64_t seed = 0;
   int64_t batch_size = 0;
+  int64_t global_batch_size = 0;  // --global-batch-size; 0: the run split its data by processes (--batch-size)
   int64_t world_size = 1;
   int64_t train_samples = 0;
   torch::Tensor cpu_generator_state;  // uint8, torch's default CPU generator (at::Generator::get_state)
@@ -159,8 +171,8 @@ constexpr const char* kRunStateExtra = "examples_run_state";
 /// Where to start after loading `saved` from the --resume checkpoint `path` (nullopt: the file, written before
 /// checkpoints recorded it, has no run state, and training starts at epoch 1). Throws std::invalid_argument
 /// "--resume 'path': ..." naming the flag when the run would not continue the saved one: another --seed,
-/// --batch-size, number of processes or number of training samples. Restores the default CPU generator, and rank 0
-/// prints where training continues.
+/// --batch-size or --global-batch-size, number of processes (allowed with --global-batch-size: rank 0 says so) or
+/// number of training samples. Restores the default CPU generator, and rank 0 prints where training continues.
 TrainingPosition resume_position(const std::string& path, const std::optional<RunState>& saved,
                                  const CommonFlags& flags, int64_t world_size, int64_t train_samples, const Rank& rank);
 

@@ -142,6 +142,17 @@ TEST(LaunchArgsTest, BadValuesAreOneLineNamingTheFlagAndTheValue) {
       {{"--nproc-per-node", "1", "--max-restarts", "two", "p"},
        "--max-restarts must be an integer in [0, 1000000], got 'two'"},
       {{"--nproc-per-node", "1", "--nnodes", "p"}, "--nnodes"},
+      {{"--nproc-per-node", "1", "--nnodes", "2:1", "p"}, "--nnodes MIN:MAX needs MIN <= MAX, got 2:1"},
+      {{"--nproc-per-node", "1", "--nnodes", "0:2", "p"},
+       "--nnodes must be N or MIN:MAX with positive integers, got 0"},
+      {{"--nproc-per-node", "1", "--nnodes", "1:", "p"},
+       "--nnodes must be N or MIN:MAX with positive integers, got ''"},
+      {{"--nproc-per-node", "1", "--nnodes", "1:2", "--node-rank", "2", "p"},
+       "--node-rank must be in [0, 2) for --nnodes 2, got 2"},
+      {{"--nproc-per-node", "1", "--nnodes", "1:2", "--master-port", "0", "p"},
+       "--master-port 0 (pick a free port) works only with --nnodes 1"},
+      {{"--nproc-per-node", "1", "--rejoin-wait-s", "-2", "p"},
+       "--rejoin-wait-s must be a non-negative number of seconds, got -2"},
       {{"p"}, "--nproc-per-node is required"},
   };
   for (const auto& [args, expected] : cases) {
@@ -153,6 +164,21 @@ TEST(LaunchArgsTest, BadValuesAreOneLineNamingTheFlagAndTheValue) {
     EXPECT_EQ(parsed.output.find("Value "), std::string::npos) << parsed.output;
     EXPECT_EQ(parsed.output.find("frame #"), std::string::npos) << parsed.output;
   }
+}
+
+TEST(LaunchArgsTest, NnodesMinMaxIsElastic) {
+  const auto elastic =
+      parse({"--nproc-per-node", "2", "--nnodes", "1:3", "--node-rank", "2", "--rejoin-wait-s", "4.5", "p"});
+  ASSERT_TRUE(elastic.config.has_value()) << elastic.output;
+  EXPECT_EQ(elastic.config->min_nodes, 1);
+  EXPECT_EQ(elastic.config->nnodes, 3);
+  EXPECT_EQ(elastic.config->rejoin_wait, std::chrono::milliseconds(4500));
+  EXPECT_TRUE(elastic.config->elastic());
+  const auto fixed = parse({"--nproc-per-node", "2", "--nnodes", "2:2", "p"});  // MIN = MAX: not elastic
+  ASSERT_TRUE(fixed.config.has_value()) << fixed.output;
+  EXPECT_EQ(fixed.config->nnodes, 2);
+  EXPECT_FALSE(fixed.config->elastic());
+  EXPECT_FALSE(parse({"--nproc-per-node", "2", "--nnodes", "2", "p"}).config->elastic());
 }
 
 TEST(LaunchArgsTest, TimeoutsReachTheWorkersEnvironment) {
@@ -218,18 +244,18 @@ TEST(LaunchArgsTest, EachAttemptTellsTheWorkersWhichStartItIsAndWhereToWriteThei
 
 TEST(RestartBudgetTest, RestartsUntilTheBudgetIsSpentThenListsEveryFailure) {
   ddp::detail::RestartBudget budget(2);
-  EXPECT_TRUE(budget.record_failure("rank 1 was killed by signal 9 (Killed)"));
+  EXPECT_TRUE(budget.record_failure(0, "rank 1 was killed by signal 9 (Killed)"));
   EXPECT_EQ(budget.restart_line(), "restart 1 of 2 after: rank 1 was killed by signal 9 (Killed)");
-  EXPECT_TRUE(budget.record_failure("rank 0 exited with code 3"));
+  EXPECT_TRUE(budget.record_failure(1, "rank 0 exited with code 3"));
   EXPECT_EQ(budget.restarts(), 2);
-  EXPECT_FALSE(budget.record_failure("rank 1 exited with code 1"));
+  EXPECT_FALSE(budget.record_failure(3, "rank 1 exited with code 1"));  // attempt 2 restarted for a joining node
   EXPECT_EQ(budget.give_up_summary("L: "),
             "L: gave up after 2 restarts (--max-restarts 2); the failures in order:\n"
             "L:   attempt 0: rank 1 was killed by signal 9 (Killed)\n"
             "L:   attempt 1: rank 0 exited with code 3\n"
-            "L:   attempt 2: rank 1 exited with code 1\n");
+            "L:   attempt 3: rank 1 exited with code 1\n");
   ddp::detail::RestartBudget none(0);
-  EXPECT_FALSE(none.record_failure("rank 0 exited with code 1"));
+  EXPECT_FALSE(none.record_failure(0, "rank 0 exited with code 1"));
   EXPECT_EQ(none.give_up_summary("L: "), "");  // the failure's own summary says all
 }
 
@@ -791,6 +817,57 @@ TEST(DdpLaunchTest, TwoNodesThatSpendTheBudgetBothListTheSameFailures) {
     EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
   }
   EXPECT_EQ(summaries[0], summaries[1]) << "the nodes named different causes";
+}
+
+// Elastic (--nnodes 1:2): node 1's launcher is killed with its worker; node 0 names the lost node, waits
+// --rejoin-wait-s for it and trains alone; node 1, started again, is admitted by a restart for the membership change
+// (not charged to --max-restarts 1, which the loss spent), and both finish the job together.
+TEST(DdpLaunchTest, AnElasticJobGoesOnWithoutALostNodeAndAdmitsItWhenItComesBack) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir out;
+  const std::string port = std::to_string(ddp::detail::find_free_port());
+  const std::string common = " --nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " + port +
+                             " --rejoin-wait-s 1 --max-restarts 1 --kill-grace-s 1 ";
+  // 1000 steps of 10 ms: an attempt lasts long enough for node 1 to come back while node 0 trains alone.
+  const std::string worker = kWorker + " train --steps 1000 --step-delay-ms 10 --out " + out.path();
+  Process node0(kLaunch + common + "--node-rank 0 " + worker);
+  {
+    Process node1(kLaunch + common + "--node-rank 1 " + worker);
+    ASSERT_TRUE(wait_until([&] { return steps_done(out, 1) >= 5; })) << node0.output() << node1.output();
+    EXPECT_NE(node1.output().find("ddp-launch: attempt 0 runs on 2 of at most 2 nodes (--node-rank 0,1), world size "
+                                  "2; this node is node 1"),
+              std::string::npos)
+        << node1.output();
+    ASSERT_EQ(::kill(node1.pid(), SIGKILL), 0);  // its worker goes with it (PR_SET_PDEATHSIG)
+    node1.wait(kLimit);
+  }
+  const std::string alone = "ddp-launch: attempt 1 runs on 1 of at most 2 nodes (--node-rank 0), world size 1";
+  ASSERT_TRUE(wait_until([&] { return node0.output().find(alone) != std::string::npos; })) << node0.output();
+  EXPECT_TRUE(contains_all(line_with(node0.output(), "ddp-launch: restart 1 of 1 after: "),
+                           {"node 1 lost: its launcher did not report the attempt's end within "}))
+      << node0.output();
+  Process again(kLaunch + common + "--node-rank 1 " + worker);
+  ASSERT_EQ(exit_code(node0.wait(kLimit)), 0) << node0.output();
+  ASSERT_EQ(exit_code(again.wait(kLimit)), 0) << again.output();
+  const std::string membership =
+      "ddp-launch: restart for a membership change: node 1 asked to join (--nnodes 1:2)\n"
+      "ddp-launch: attempt 2 runs on 2 of at most 2 nodes (--node-rank 0,1), world size 2; this node is node ";
+  EXPECT_TRUE(contains_all(node0.output(), {membership + "0\n", "rank 0 of 2 done"})) << node0.output();
+  EXPECT_TRUE(contains_all(again.output(), {membership + "1\n", "rank 1 of 2 done"})) << again.output();
+  for (const std::string& text : {node0.output(), again.output()}) {
+    EXPECT_EQ(text.find("gave up"), std::string::npos) << text;
+    EXPECT_EQ(text.find("frame #"), std::string::npos) << text;
+  }
+}
+
+TEST(DdpLaunchTest, AnElasticJobWithoutMinNodesGivesUpWithOneLine) {
+  const std::string port = std::to_string(ddp::detail::find_free_port());
+  Process node0(kLaunch + " --nnodes 2:3 --nproc-per-node 1 --master-port " + port + " --rendezvous-timeout-s 1 " +
+                kWorker + " train --steps 1");
+  EXPECT_EQ(exit_code(node0.wait(kLimit)), 1) << node0.output();
+  EXPECT_EQ(node0.output(),
+            "ddp-launch: only 1 of at least 2 nodes (--nnodes 2:3) joined within 1 s (--rendezvous-timeout-s): node "
+            "ids 0\n");
 }
 
 TEST(DdpLaunchTest, TwoNodesOnLocalhostTrainTogether) {

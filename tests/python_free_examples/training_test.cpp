@@ -1,5 +1,6 @@
 #include "common/training.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -156,6 +157,51 @@ TEST(TrainEpochsTest, SavesEveryKStepsOfTheRunAndStopsMidEpoch) {
   EXPECT_FALSE(examples::final_save_needed(flags, start, end));  // step 6 was just saved
   flags.save_every = 4;
   EXPECT_TRUE(examples::final_save_needed(flags, start, end));
+}
+
+// --global-batch-size: each step of an epoch trains on the same samples whatever the number of ranks (their parts are
+// disjoint and together the step's batch), so a run resumes on another number; the epochs still shuffle.
+TEST(TrainEpochsTest, AGlobalBatchGivesEachStepTheSameSamplesOnAnyNumberOfRanks) {
+  examples::CommonFlags flags;
+  flags.epochs = 2;
+  flags.global_batch_size = 12;
+  flags.quiet = true;
+  constexpr int64_t kSamples = 30;  // 2 steps of 12 per epoch; 6 samples left out
+  const examples::ImageSplit train{torch::zeros({kSamples, 1, 28, 28}), torch::arange(kSamples, torch::kInt64)};
+  using Steps = std::vector<std::vector<int64_t>>;  // per step of the run: the samples (labels) it trained on
+  const auto run = [&](int world_size) {
+    Steps steps;
+    for (int rank = 0; rank < world_size; ++rank) {
+      size_t step = 0;
+      examples::Loop loop;
+      loop.step = [&](const torch::Tensor&, const torch::Tensor& labels) {
+        EXPECT_EQ(labels.numel(), 12 / world_size);
+        if (steps.size() <= step) steps.resize(step + 1);
+        for (int64_t i = 0; i < labels.numel(); ++i) steps[step].push_back(labels[i].item<int64_t>());
+        ++step;
+        return torch::zeros({});
+      };
+      examples::train_epochs(flags, train, torch::kCPU, examples::Rank{rank, world_size}, {}, loop);
+    }
+    for (auto& samples : steps) std::sort(samples.begin(), samples.end());
+    return steps;
+  };
+  const Steps one = run(1);
+  ASSERT_EQ(one.size(), 4u);  // 2 epochs of 2 steps
+  EXPECT_NE(one[0], one[2]) << "epoch 2 repeats epoch 1's order";
+  for (const auto& samples : one) EXPECT_EQ(std::adjacent_find(samples.begin(), samples.end()), samples.end());
+  for (const int world_size : {2, 3, 4, 6}) EXPECT_EQ(run(world_size), one) << world_size << " ranks";
+  try {
+    run(5);
+    ADD_FAILURE() << "5 ranks for a global batch of 12 were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "--global-batch-size 12 does not split evenly among 5 processes");
+  }
+  // The checkpoint records the global batch and this process's part of it.
+  const auto state = examples::capture_run_state(flags, 4, kSamples, examples::TrainingPosition{});
+  const auto back = examples::decode_run_state(examples::encode_run_state(state));
+  EXPECT_EQ(back.global_batch_size, 12);
+  EXPECT_EQ(back.batch_size, 3);
 }
 
 TEST(ParseFlagsTest, ABadCommandLineIsOneLineAndANonZeroStatus) {
