@@ -8,10 +8,12 @@
 #   4. a lost node of an elastic job (--nnodes 1:2, one worker per node, --global-batch-size): seconds from kill -9
 #      of node 1's launcher (its worker goes with it) until node 0, alone, has trained a step again.
 # The job: amp_ddp O2 (bf16), 2 ranks on the CPU, synthetic data. Run it on an idle machine (it prints uptime).
-# Usage: benchmarks/fault_recovery.sh [BUILD_DIR] [REPEATS]
+# Usage: benchmarks/fault_recovery.sh [BUILD_DIR] [REPEATS] [PARTS]   (PARTS: which of 1-4 to run, default 1234)
 set -euo pipefail
 build=${1:-build}
 repeats=${2:-5}
+parts=${3:-1234}
+part() { [[ $parts == *$1* ]]; }
 launch=$build/ddp/ddp-launch
 amp_ddp=$build/python_free_examples/amp_ddp
 for program in "$launch" "$amp_ddp" "$build/benchmarks/bench_progress_overhead"; do
@@ -42,6 +44,7 @@ wait_for_file() {
 step_file() { printf '%s/step-%012d.pt' "$1" "$2"; }
 stats() { sort -g | awk '{v[NR]=$1} END {printf "median %.2f [min %.2f, max %.2f] over %d", v[int((NR+1)/2)], v[1], v[NR], NR}'; }
 
+if part 1; then
 echo
 echo "1. kill -9 of rank 1 just after the save of step 10 (--save-every 1), --max-restarts 1:"
 recovery=()
@@ -63,7 +66,9 @@ for ((i = 0; i < repeats; i++)); do
   echo "   run $i: killed after step $newest was saved; resumed from step $resumed; the next step saved ${seconds} s after the kill"
 done
 echo "   kill -> a step trained again: $(printf '%s\n' "${recovery[@]}" | stats) runs (s)"
+fi
 
+if part 2; then
 echo
 echo "2. SIGSTOP of rank 1 just after the save of step 10, --hang-timeout-s 5 --max-restarts 1:"
 overshoot=()
@@ -83,7 +88,9 @@ for ((i = 0; i < repeats; i++)); do
   echo "   run $i: named ${seconds} s after the 5 s timeout: $(grep -o 'made no progress.*' "$work/stop$i.err" | head -1 | cut -c1-150)"
 done
 echo "   detection beyond the timeout: $(printf '%s\n' "${overshoot[@]}" | stats) runs (s)"
+fi
 
+if part 3; then
 echo
 echo "3. progress reporting: amp_ddp samples/s with --hang-timeout-s 0 (off) and 600 (on), alternating:"
 ratios=()
@@ -101,7 +108,9 @@ for ((i = 0; i < repeats; i++)); do
 done
 echo "   on/off: $(printf '%s\n' "${ratios[@]}" | stats) pairs"
 "$build/benchmarks/bench_progress_overhead"
+fi
 
+if part 4; then
 echo
 echo "4. kill -9 of node 1's launcher just after the save of step 10, --nnodes 1:2 --rejoin-wait-s 1 --max-restarts 1:"
 lost=()
@@ -128,3 +137,4 @@ for ((i = 0; i < repeats; i++)); do
   echo "   run $i: node 1 killed after step $newest was saved; node 0 alone saved the next step ${seconds} s after the kill"
 done
 echo "   lost node -> a step trained again without it: $(printf '%s\n' "${lost[@]}" | stats) runs (s)"
+fi

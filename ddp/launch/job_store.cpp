@@ -1,6 +1,8 @@
 #include <ddp/launch/job_store.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -26,6 +28,7 @@ std::string reports_key(int attempt) { return "attempt/" + std::to_string(attemp
 std::string cause_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/cause"; }
 std::string done_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/done"; }
 std::string left_key(int attempt) { return "attempt/" + std::to_string(attempt) + "/left"; }
+std::string beat_key(int node) { return "alive/" + std::to_string(node); }
 std::string round_key(int round, const std::string& what) { return "round/" + std::to_string(round) + "/" + what; }
 constexpr const char* kCurrentRoundKey = "round/current";
 
@@ -115,47 +118,87 @@ bool JobStore::failed(int attempt) {
   return impl_->call([&] { return impl_->store->check({key}); });
 }
 
-std::optional<std::string> JobStore::cause_of(int attempt, int nodes, std::chrono::milliseconds wait) {
+namespace {
+
+/// A report's line: "<ns> <node> <cause>" (a failure) or "- <node>".
+struct Report {
+  std::string when;
+  int node = -1;
+  std::string cause;
+};
+
+std::vector<Report> parse_reports(const std::string& all) {
+  std::vector<Report> reports;
+  std::istringstream lines(all);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    Report r;
+    fields >> r.when >> r.node;
+    std::getline(fields >> std::ws, r.cause);
+    reports.push_back(r);
+  }
+  return reports;
+}
+
+}  // namespace
+
+std::optional<std::string> JobStore::cause_of(int attempt, const std::vector<int>& nodes,
+                                              std::chrono::milliseconds wait) {
   const std::string key = reports_key(attempt);
-  const auto deadline = std::chrono::steady_clock::now() + wait;
-  std::string all;
-  for (;;) {  // every node's report (one line each), or what there is at the deadline
-    if (impl_->call([&] { return impl_->store->check({key}); }))
-      all = text(impl_->call([&] { return impl_->store->get(key); }));
-    const auto lines = std::count(all.begin(), all.end(), '\n');
-    if (lines >= nodes || std::chrono::steady_clock::now() >= deadline) break;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Report> reports;
+  std::vector<int> missing = nodes;
+  struct Sign {
+    int64_t beats = -1;
+    std::chrono::steady_clock::time_point changed;
+  };
+  std::vector<Sign> signs(nodes.size(), Sign{-1, start});
+  bool silent = false;  // every node missing has stopped beating
+  for (;;) {            // every node's report, or what there is when the others are silent or at the deadline
+    if (impl_->call([&] { return impl_->store->check({key}); })) {
+      reports = parse_reports(text(impl_->call([&] { return impl_->store->get(key); })));
+    }
+    missing.clear();
+    for (const int node : nodes) {
+      const bool in = std::any_of(reports.begin(), reports.end(), [&](const Report& r) { return r.node == node; });
+      if (!in) missing.push_back(node);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    silent = !missing.empty();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (std::find(missing.begin(), missing.end(), nodes[i]) == missing.end()) continue;
+      const int64_t beats = impl_->call([&] { return impl_->store->add(beat_key(nodes[i]), 0); });
+      if (beats != signs[i].beats) signs[i] = Sign{beats, now};
+      silent = silent && now - signs[i].changed >= kSilentNode;
+    }
+    if (missing.empty() || silent || now - start >= wait) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  std::istringstream reports(all);
-  std::string line, first;
+  std::string first;
   int64_t first_ns = 0;
-  std::vector<bool> reported(static_cast<size_t>(std::max(nodes, 0)), false);
-  while (std::getline(reports, line)) {  // "<ns> <node> <cause>" or "- <node>"
-    std::istringstream fields(line);
-    std::string when;
-    int node = -1;
-    fields >> when >> node;
-    if (node >= 0 && node < nodes) reported[static_cast<size_t>(node)] = true;
-    if (when == "-") continue;
-    std::string cause;
-    std::getline(fields >> std::ws, cause);
-    const int64_t ns = std::stoll(when);
+  for (const Report& r : reports) {
+    if (r.when == "-") continue;
+    const int64_t ns = std::stoll(r.when);
     if (first.empty() || ns < first_ns) {
       first_ns = ns;
-      first = cause;
+      first = r.cause;
     }
   }
   if (first.empty()) return std::nullopt;
   // A node that never reported was lost with its launcher (killed, or cut off): that is the cause, and what the
   // nodes that did report saw follows from it.
-  std::string lost;
-  for (int node = 0; node < nodes; ++node) {
-    if (!reported[static_cast<size_t>(node)]) lost += (lost.empty() ? "" : ", ") + std::to_string(node);
-  }
-  if (!lost.empty()) {
+  if (!missing.empty()) {
     std::ostringstream why;
-    why << "node " << lost << " lost: its launcher did not report the attempt's end within "
-        << static_cast<double>(wait.count()) / 1000.0 << " s; first failure seen: " << first;
+    why << "node ";
+    for (size_t i = 0; i < missing.size(); ++i) why << (i > 0 ? ", " : "") << missing[i];
+    if (silent) {
+      why << " lost: its launcher gave no sign of life for " << static_cast<double>(kSilentNode.count()) / 1000.0
+          << " s";
+    } else {
+      why << " lost: its launcher did not report the attempt's end within "
+          << static_cast<double>(wait.count()) / 1000.0 << " s";
+    }
+    why << "; first failure seen: " << first;
     first = why.str();
   }
   // Decided once: a report that arrives later does not change what a node already printed.
@@ -237,6 +280,53 @@ int64_t JobStore::round_leavers(int round) {
   const std::string key = round_key(round, "left");
   if (!impl_->call([&] { return impl_->store->check({key}); })) return 0;
   return static_cast<int64_t>(impl_->call([&] { return impl_->store->get(key); }).size());
+}
+
+void JobStore::beat(int node) {
+  impl_->call([&] { return impl_->store->add(beat_key(node), 1); });
+}
+
+int64_t JobStore::beats(int node) {
+  return impl_->call([&] { return impl_->store->add(beat_key(node), 0); });
+}
+
+struct Heartbeat::State {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool stop = false;
+  bool finished = false;  // the thread is past its last store call
+};
+
+Heartbeat::Heartbeat(std::string host, int port, int node) : state_(std::make_shared<State>()) {
+  thread_ = std::thread([state = state_, host = std::move(host), port, node] {
+    try {
+      const auto store = JobStore::connect(host, port, kSilentNode);
+      std::unique_lock<std::mutex> lock(state->mutex);
+      while (!state->stop) {
+        lock.unlock();
+        store->beat(node);
+        lock.lock();
+        state->changed.wait_for(lock, kHeartbeatInterval, [&] { return state->stop; });
+      }
+    } catch (const std::exception&) {  // the store is gone: so is the job, for this node
+    }
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->finished = true;
+    state->changed.notify_all();
+  });
+}
+
+Heartbeat::~Heartbeat() {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->stop = true;
+  state_->changed.notify_all();
+  // A beat held by a store that stopped answering (its host cut off) ends only at the call's timeout: leave it then.
+  if (state_->changed.wait_for(lock, std::chrono::seconds(1), [&] { return state_->finished; })) {
+    lock.unlock();
+    thread_.join();
+  } else {
+    thread_.detach();
+  }
 }
 
 }  // namespace ddp::detail

@@ -5,6 +5,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace ddp::detail {
 
@@ -12,6 +14,10 @@ namespace ddp::detail {
 /// the master port (as torchrun's agent does; the workers use it too, TORCHELASTIC_USE_AGENT_STORE, each attempt
 /// under its own prefix). Every launcher learns from it that another node's workers failed, so that all nodes
 /// restart together and name the same root cause: the failure that happened first.
+/// How long a node's Heartbeat may stay still before the others take the node for lost (20 beats).
+constexpr std::chrono::milliseconds kHeartbeatInterval{250};
+constexpr std::chrono::milliseconds kSilentNode{5000};
+
 class JobStore {
  public:
   /// Node 0: hosts the store on `port` (0: any free port, see port()).
@@ -24,20 +30,25 @@ class JobStore {
 
   int port() const;
 
-  /// Records a failure of `attempt` on this node, seen to happen at `when` (the wall clock: nodes compare them), with
-  /// its one-line `cause`; the other nodes learn from failed() that the attempt failed. Each node reports once per
-  /// failed attempt: this, or report_no_failure().
+  /// Records a failure of `attempt` on node `node` (its --node-rank), seen to happen at `when` (the wall clock: nodes
+  /// compare them), with its one-line `cause`; the other nodes learn from failed() that the attempt failed. Each node
+  /// reports once per failed attempt: this, or report_no_failure().
   void report_failure(int attempt, int node, std::chrono::system_clock::time_point when, const std::string& cause);
   /// Records that this node's workers did not fail by themselves in `attempt` (they were stopped, or had finished).
   void report_no_failure(int attempt, int node);
   /// Whether any node reported a failure of `attempt`.
   bool failed(int attempt);
   /// The cause every node names for `attempt`: of the failures reported, the one that happened first, decided once
-  /// by the first node to ask (the others get the same answer). Waits until all `nodes` have reported (a node where
-  /// the failure happened may report after one whose workers failed as a consequence, by seconds on a loaded
-  /// machine), for up to `wait`. A node that never reports was lost: then the cause is "node N lost: ...; first
-  /// failure seen: <cause>". nullopt when no failure was reported.
-  std::optional<std::string> cause_of(int attempt, int nodes, std::chrono::milliseconds wait);
+  /// by the first node to ask (the others get the same answer). Waits until all `nodes` (their --node-rank) have
+  /// reported (a node where the failure happened may report after one whose workers failed as a consequence, by
+  /// seconds on a loaded machine), for up to `wait`, but not for a node whose Heartbeat has stopped for
+  /// kSilentNode: a node that does not report was lost, and the cause is "node N lost: ...; first failure seen:
+  /// <cause>". nullopt when no failure was reported.
+  std::optional<std::string> cause_of(int attempt, const std::vector<int>& nodes, std::chrono::milliseconds wait);
+
+  /// One beat of node `node`'s launcher (Heartbeat), and how many it has made.
+  void beat(int node);
+  int64_t beats(int node);
   /// Records that this node's workers finished `attempt`; returns how many nodes have.
   int64_t report_done(int attempt);
   int64_t nodes_done(int attempt);
@@ -73,6 +84,22 @@ class JobStore {
   struct Impl;  // the c10d store, kept out of this header
   explicit JobStore(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+/// A launcher's sign of life in the job's store, from a thread with a connection of its own (so that it beats while
+/// the launcher waits on its workers or on the store): the other nodes tell a lost node (killed, cut off) from a
+/// slow one without waiting out their longest timeout. Stops beating when the store is gone.
+class Heartbeat {
+ public:
+  Heartbeat(std::string host, int port, int node);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+  std::thread thread_;
 };
 
 }  // namespace ddp::detail

@@ -451,15 +451,22 @@ std::string cause_line(const std::vector<detail::WorkerExit>& failures) {
   return line;
 }
 
+/// The nodes of one attempt, by --node-rank: this one and all (ascending; node rank = position).
+struct AttemptNodes {
+  int self = 0;
+  std::vector<int> all;
+};
+
 /// With several nodes, after this node's workers finished: waits until every node's have, or one node failed
 /// (then returns its cause: the job is not done until all nodes are).
-std::optional<std::string> wait_for_other_nodes(const LaunchConfig& c, detail::JobStore& store, int attempt) {
+std::optional<std::string> wait_for_other_nodes(const LaunchConfig& c, detail::JobStore& store, int attempt,
+                                                const AttemptNodes& nodes) {
   const auto deadline = std::chrono::steady_clock::now() + c.rendezvous_timeout.value_or(kDefaultNodesDoneWait);
   int64_t done = store.report_done(attempt);
   while (done < c.nnodes && g_received_signal == 0) {
     if (store.failed(attempt)) {
-      store.report_no_failure(attempt, c.node_rank);
-      return store.cause_of(attempt, c.nnodes, c.kill_grace + kCauseWait).value_or("another node failed");
+      store.report_no_failure(attempt, nodes.self);
+      return store.cause_of(attempt, nodes.all, c.kill_grace + kCauseWait).value_or("another node failed");
     }
     TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "this node's workers finished, but only ", done, " of ",
                 c.nnodes, " nodes reported theirs within ",
@@ -485,7 +492,7 @@ std::chrono::system_clock::time_point wall_time_of(std::chrono::steady_clock::ti
 
 /// Runs one attempt: starts this node's workers, supervises them and, with a job store, agrees with the other
 /// nodes on how it ended.
-AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::JobStore* store,
+AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, const AttemptNodes& nodes, detail::JobStore* store,
                        detail::Rendezvous* rendezvous, const LaunchFolder& folder, std::ostream& log) {
   std::optional<detail::HealthWatch> watch;
   if (c.hang_timeout.count() > 0 && !folder.path().empty()) {
@@ -500,7 +507,7 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
                 group);
   // (Node 0 of an elastic job: shared even alone, so that it restarts for a node that asks to join.)
   const bool shared = store != nullptr && (c.nnodes > 1 || rendezvous != nullptr);
-  const std::string node = "node " + std::to_string(c.node_rank) + ": ";
+  const std::string node = "node " + std::to_string(nodes.self) + ": ";
   bool reported = false;  // (shared) this node's one report of a failed attempt is in the store
   detail::WaitHooks hooks;
   if (watch) {
@@ -515,13 +522,13 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
       if (store->failed(attempt)) return true;
       const std::optional<std::string> newcomer = rendezvous ? rendezvous->newcomer(attempt + 1) : std::nullopt;
       if (!newcomer) return false;
-      store->report_failure(attempt, c.node_rank, std::chrono::system_clock::now(), *newcomer);
+      store->report_failure(attempt, nodes.self, std::chrono::system_clock::now(), *newcomer);
       reported = true;
       return true;
     };
     // Reported at once, so that the other nodes stop their workers; which failure was first is decided after.
     hooks.first_failure = [&](const detail::WorkerExit& first) {
-      store->report_failure(attempt, c.node_rank, wall_time_of(first.observed), node + cause_line({first}));
+      store->report_failure(attempt, nodes.self, wall_time_of(first.observed), node + cause_line({first}));
       reported = true;
     };
   }
@@ -531,7 +538,7 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
   if (end.asked_to_stop) return end;
   if (failures.empty()) {
     std::optional<std::string> failure;
-    if (shared) failure = wait_for_other_nodes(c, *store, attempt);
+    if (shared) failure = wait_for_other_nodes(c, *store, attempt, nodes);
     end.asked_to_stop = g_received_signal != 0;  // while it waited for the other nodes
     if (!failure && !end.asked_to_stop) {
       end.succeeded = true;
@@ -549,12 +556,12 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, detail::Job
     try {
       if (!reported) {  // stopped for another node's failure, or failed only while being stopped
         if (failures.front().stopped_by_group) {
-          store->report_no_failure(attempt, c.node_rank);
+          store->report_no_failure(attempt, nodes.self);
         } else {
-          store->report_failure(attempt, c.node_rank, wall_time_of(failures.front().observed), fallback);
+          store->report_failure(attempt, nodes.self, wall_time_of(failures.front().observed), fallback);
         }
       }
-      return store->cause_of(attempt, c.nnodes, c.kill_grace + kCauseWait).value_or(fallback);
+      return store->cause_of(attempt, nodes.all, c.kill_grace + kCauseWait).value_or(fallback);
     } catch (const c10::Error&) {
       return fallback;
     }
@@ -599,6 +606,9 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
                                              c.rendezvous_timeout.value_or(kDefaultNodesDoneWait));
   }
   const int port = store ? store->port() : c.master_port != 0 ? c.master_port : detail::find_free_port(c.master_addr);
+  // With several nodes, a sign of life for the others (a lost node is then named in seconds).
+  std::optional<detail::Heartbeat> heartbeat;
+  if (store && c.nnodes > 1) heartbeat.emplace(host ? "127.0.0.1" : c.master_addr, port, c.node_rank);
   SignalForwarding forwarding;
   const LaunchFolder folder;
   if (folder.path().empty()) {
@@ -617,6 +627,8 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
   std::vector<int> members;  // elastic: the node ids of the last attempt
   for (int attempt = rendezvous && !host ? store->current_round() : 0;; ++attempt) {
     LaunchConfig here = c;  // elastic: this attempt's nodes and this node's rank among them
+    AttemptNodes nodes{c.node_rank, {}};
+    for (int id = 0; id < c.nnodes; ++id) nodes.all.push_back(id);
     if (rendezvous) {
       const std::optional<detail::RoundOutcome> round =
           host ? rendezvous->host(attempt, restart_line) : rendezvous->join(attempt);
@@ -639,9 +651,10 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
             << "; this node is node " << here.node_rank << std::endl;
       }
       members = round->members;
+      nodes.all = members;
     }
     const AttemptEnd end =
-        run_attempt(here, port, attempt, store.get(), rendezvous && host ? &*rendezvous : nullptr, folder, log);
+        run_attempt(here, port, attempt, nodes, store.get(), rendezvous && host ? &*rendezvous : nullptr, folder, log);
     // Node 0 of an elastic job ends it for the nodes that come to the next round (`expected` of them at least).
     const auto end_job = [&](int exit_code, const std::string& message, int expected) {
       if (rendezvous && host) rendezvous->end(attempt + 1, exit_code, message, expected, c.kill_grace + kLeaveWait);

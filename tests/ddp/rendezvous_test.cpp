@@ -1,5 +1,6 @@
-// detail::Rendezvous: the elastic membership of ddp-launch's attempts (--nnodes MIN:MAX), agreed through node 0's
-// job store. Node 0 and the other nodes are threads of this process, each with its own connection to the store.
+// detail::Rendezvous (and JobStore's lost-node rule): the elastic membership of ddp-launch's attempts (--nnodes
+// MIN:MAX), agreed through node 0's job store. Node 0 and the other nodes are threads of this process, each with its
+// own connection to the store.
 #include <ddp/launch/rendezvous.h>
 
 #include <chrono>
@@ -149,6 +150,30 @@ TEST(RendezvousTest, TwoNodesWithTheSameIdAreRefused) {
               "another node joined with --node-rank 1: each node of an elastic job needs its own (in [1, 2); 0 is "
               "the store's host)");
   }
+}
+
+// A node that does not report an attempt's end: lost when its heartbeat has stopped (named after kSilentNode, not
+// after the whole wait), merely slow while it beats (waited for until the wait's end).
+TEST(JobStoreTest, ANodeThatStopsBeatingIsNamedLostWithoutWaitingOutTheWait) {
+  Job job;
+  const auto when = std::chrono::system_clock::now();
+  job.host_store->report_failure(0, 0, when, "node 0: rank 0 exited with code 1");
+  const auto start = std::chrono::steady_clock::now();
+  const auto lost = job.host_store->cause_of(0, {0, 1}, kLong);  // node 1 never beat
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(lost.has_value());
+  EXPECT_EQ(*lost,
+            "node 1 lost: its launcher gave no sign of life for 5 s; first failure seen: node 0: rank 0 exited "
+            "with code 1");
+  EXPECT_LT(waited, 30.0);  // kSilentNode (5 s) and a poll, not the 60 s wait
+
+  ddp::detail::Heartbeat beating(std::string("127.0.0.1"), job.host_store->port(), 1);
+  job.host_store->report_failure(1, 0, when, "node 0: rank 0 exited with code 1");
+  const auto slow = job.host_store->cause_of(1, {0, 1}, milliseconds(300));
+  ASSERT_TRUE(slow.has_value());
+  EXPECT_EQ(*slow,
+            "node 1 lost: its launcher did not report the attempt's end within 0.3 s; first failure seen: node "
+            "0: rank 0 exited with code 1");
 }
 
 }  // namespace

@@ -7,8 +7,9 @@
 #      reason, where tc or sch_netem is missing).
 #   3. The link is cut (`ip link set ... down`) in the middle of training: every rank on both hosts ends within
 #      the collective timeout (--collective-timeout-s), and both launchers name the root cause.
-#   4. Elastic (--nnodes 1:2 --max-restarts 2): host 1's link is cut for good in the middle of training. Host 0 names
-#      host 1 as lost, waits --rejoin-wait-s, and goes on alone; host 1 comes back (its old launcher gone, the link
+#   4. Elastic (--nnodes 1:2 --max-restarts 2): host 1's link is cut for good in the middle of training. Host 0's
+#      hang detection (--hang-timeout-s 3, the collectives' own timeout 30 s) finds its ranks waiting for host 1's,
+#      it names host 1 as lost (its heartbeat stopped), waits --rejoin-wait-s, and goes on alone; host 1 comes back (its old launcher gone, the link
 #      up: a rebooted host) while host 0 trains alone, is admitted by a restart, and both finish together.
 #   5. Elastic with a real training job (the ddp_launch example, --global-batch-size, --sync-bn, --checkpoint-dir;
 #      skipped with the reason when its path is not given): host 1's link is cut for good after a save; host 0
@@ -173,7 +174,7 @@ start_elastic_host() { # start_elastic_host <k> <log>
   if [ "$k" = 0 ]; then ns=$NS0 veth=$VETH0; else ns=$NS1 veth=$VETH1; fi
   timeout -k 2 120 ip netns exec "$ns" env GLOO_SOCKET_IFNAME="$veth" \
     "$LAUNCH" --nnodes 1:2 --node-rank "$k" --nproc-per-node 2 --master-addr "$ADDR0" --master-port "$ELASTIC_PORT" \
-    --rendezvous-timeout-s 20 --collective-timeout-s "$COLLECTIVE_TIMEOUT_S" --kill-grace-s "$KILL_GRACE_S" \
+    --rendezvous-timeout-s 20 --collective-timeout-s 30 --kill-grace-s "$KILL_GRACE_S" \
     --max-restarts 2 --rejoin-wait-s 2 --hang-timeout-s 3 \
     "$WORKER" train --out "$WORK/elastic" --steps 400 --step-delay-ms 20 >"$2" 2>&1 &
   eval "HOST${k}_PID=$!"
@@ -192,8 +193,8 @@ wait_for_line "$WORK/elastic/host1.log" "attempt 0 runs on 2 of at most 2 nodes"
 cut_at_step_3 elastic
 wait_for_line "$WORK/elastic/host0.log" "ddp-launch: attempt 1 runs on 1 of at most 2 nodes (--node-rank 0), world size 2" 40 \
   "elastic: host 0 did not go on alone after host 1's link was cut"
-grep -q "ddp-launch: restart 1 of 2 after: node 1 lost: " "$WORK/elastic/host0.log" ||
-  fail "elastic: host 0 did not name host 1 as lost"
+grep -q "ddp-launch: restart 1 of 2 after: node 1 lost: its launcher gave no sign of life for 5 s; first failure seen: node 0: rank [01] (local rank [01], pid [0-9]*) made no progress for [0-9.]* s (--hang-timeout-s 3)" "$WORK/elastic/host0.log" ||
+  fail "elastic: host 0 did not name host 1 as lost after finding its ranks waiting"
 echo "elastic: host 1 cut off; host 0 went on alone: $(grep -F "restart 1 of 2 after:" "$WORK/elastic/host0.log" | cut -c1-160)"
 # Host 1 comes back as a rebooted host would: whatever ran there is gone, the link is up, a fresh launcher starts.
 for pid in $(ip netns pids "$NS1"); do kill -KILL "$pid" 2>/dev/null; done
