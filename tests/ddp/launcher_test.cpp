@@ -843,8 +843,9 @@ TEST(DdpLaunchTest, AnElasticJobGoesOnWithoutALostNodeAndAdmitsItWhenItComesBack
   }
   const std::string alone = "ddp-launch: attempt 1 runs on 1 of at most 2 nodes (--node-rank 0), world size 1";
   ASSERT_TRUE(wait_until([&] { return node0.output().find(alone) != std::string::npos; })) << node0.output();
-  EXPECT_TRUE(contains_all(line_with(node0.output(), "ddp-launch: restart 1 of 1 after: "),
-                           {"node 1 lost: its launcher gave no sign of life for 5 s; first failure seen: node 0: rank 0 "}))
+  EXPECT_TRUE(
+      contains_all(line_with(node0.output(), "ddp-launch: restart 1 of 1 after: "),
+                   {"node 1 lost: its launcher gave no sign of life for 5 s; first failure seen: node 0: rank 0 "}))
       << node0.output();
   Process again(kLaunch + common + "--node-rank 1 " + worker);
   ASSERT_EQ(exit_code(node0.wait(kLimit)), 0) << node0.output();
