@@ -387,6 +387,14 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
     if (hooks.stop_requested && std::chrono::steady_clock::now() >= next_stop_poll) {
       next_stop_poll = std::chrono::steady_clock::now() + kStopPollInterval;
       if (hooks.stop_requested()) {
+        // Another node's workers failed. One here may be failing on its own at the same moment (its error written,
+        // its LibTorch teardown under way, which can take longer than a peer on the other node takes to fail after
+        // it): it gets the settle window to end, and is reported as the failure it is, with the time of its error.
+        settle(forward_fd, failures);
+        if (!failures.empty() && hooks.first_failure) {
+          hooks.first_failure(*std::min_element(failures.begin(), failures.end(),
+                                                [](const auto& a, const auto& b) { return a.observed < b.observed; }));
+        }
         terminate_rest(kill_grace, forward_fd, failures);
         break;
       }

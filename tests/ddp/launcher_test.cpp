@@ -686,9 +686,12 @@ TEST(DdpLaunchTest, TwoNodesRestartTogetherAndNameTheSameRootCause) {
   const std::string port = std::to_string(ddp::detail::find_free_port());
   const std::string common = " --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " + port +
                              " --kill-grace-s 1 --max-restarts 1 ";
+  // Rank 1 tears down slowly (1 s after closing its connections): node 0's rank fails, and node 0 reports it,
+  // while rank 1 still runs. Node 1 must let it end on its own (the settle window) and report it as the failure it
+  // is, with the time of its error, rather than stop it as a consequence of node 0's.
   const std::string worker = kWorker +
                              " fail --fail-rank 1 --code 3 --others barrier --message 'node 1 broke' "
-                             "--fail-attempts 1";
+                             "--fail-attempts 1 --exit-delay-ms 1000";
   Process node0(kLaunch + common + "--node-rank 0 " + worker);
   Process node1(kLaunch + common + "--node-rank 1 " + worker);
   ASSERT_EQ(exit_code(node0.wait(kLimit)), 0) << node0.output();
