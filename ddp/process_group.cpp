@@ -22,6 +22,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <ddp/launch/text.h>
 #include <ddp/progress.h>
 
 #ifdef LIBTORCH_AMP_HAVE_GLOO
@@ -133,12 +134,6 @@ Rendezvous resolve(const InitOptions& options) {
   TORCH_CHECK(rdzv.rendezvous_timeout.count() > 0, "rendezvous_timeout must be > 0 ms, got ",
               rdzv.rendezvous_timeout.count());
   return rdzv;
-}
-
-/// An exception's message; c10::Error's without its C++ backtrace, which would bury the sentence that matters.
-std::string cause_of(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
-  return e.what();
 }
 
 bool contains_case_insensitive(std::string text, std::string fragment) {
@@ -351,7 +346,7 @@ class RendezvousWait {
       auto store = c10::make_intrusive<c10d::TCPStore>(rdzv_.master.host, options);
       return c10::make_intrusive<c10d::PrefixStore>(store_prefix(), std::move(store));
     } catch (const std::exception& e) {
-      const std::string why = cause_of(e);
+      const std::string why = detail::message_of(e);
       if (options.isServer &&
           (contains_case_insensitive(why, "already in use") || why.find("EADDRINUSE") != std::string::npos)) {
         TORCH_CHECK(false, "rank 0 cannot host the rendezvous: port ", rdzv_.master.port, " is already in use (",
@@ -373,7 +368,8 @@ class RendezvousWait {
       return fn();
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "rank ", rdzv_.rank, " lost the rendezvous at ", where_,
-                  " while waiting for the other ranks (rank 0, which hosts it, probably exited). Cause: ", cause_of(e));
+                  " while waiting for the other ranks (rank 0, which hosts it, probably exited). Cause: ",
+                  detail::message_of(e));
     }
   }
 
@@ -504,7 +500,7 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
     detail::report_collective_end();
     TORCH_CHECK(false, what, " failed on rank ", rank(), " of ", size(), " (backend ", backend_name_,
                 "): a peer process probably exited, or the timeout of ", timeout_.count(),
-                " ms expired. Cause: ", cause_of(e));
+                " ms expired. Cause: ", detail::message_of(e));
   }
 }
 
@@ -549,7 +545,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", rdzv.rank, " could not build the ", backend, " process group with the ",
                 rdzv.world_size, " ranks met at ", master_name(rdzv), " within ", rdzv.collective_timeout.count(),
-                " ms. Cause: ", cause_of(e));
+                " ms. Cause: ", detail::message_of(e));
   }
   return ProcessGroup(std::move(store), std::move(pg), backend, rdzv.collective_timeout, device);
 }

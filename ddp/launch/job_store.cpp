@@ -1,4 +1,5 @@
 #include <ddp/launch/job_store.h>
+#include <ddp/launch/text.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -32,10 +33,9 @@ std::string beat_key(int node) { return "alive/" + std::to_string(node); }
 std::string round_key(int round, const std::string& what) { return "round/" + std::to_string(round) + "/" + what; }
 constexpr const char* kCurrentRoundKey = "round/current";
 
-/// The first line of an exception's text, without LibTorch's backtrace.
+/// The first line of an exception's message.
 std::string why_of(const std::exception& e) {
-  std::string why = e.what();
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) why = c10_error->what_without_backtrace();
+  const std::string why = message_of(e);
   return why.substr(0, why.find('\n'));
 }
 
@@ -141,6 +141,16 @@ std::vector<Report> parse_reports(const std::string& all) {
 }
 
 }  // namespace
+
+std::vector<std::string> JobStore::reported_causes(int attempt) {
+  const std::string key = reports_key(attempt);
+  std::vector<std::string> causes;
+  if (!impl_->call([&] { return impl_->store->check({key}); })) return causes;
+  for (const Report& r : parse_reports(text(impl_->call([&] { return impl_->store->get(key); })))) {
+    if (r.when != "-") causes.push_back(r.cause);
+  }
+  return causes;
+}
 
 std::optional<std::string> JobStore::cause_of(int attempt, const std::vector<int>& nodes,
                                               std::chrono::milliseconds wait) {

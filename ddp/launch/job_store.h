@@ -38,6 +38,8 @@ class JobStore {
   void report_no_failure(int attempt, int node);
   /// Whether any node reported a failure of `attempt`.
   bool failed(int attempt);
+  /// The causes of the failures of `attempt` reported so far, in the order they were reported.
+  std::vector<std::string> reported_causes(int attempt);
   /// The cause every node names for `attempt`: of the failures reported, the one that happened first, decided once
   /// by the first node to ask (the others get the same answer). Waits until all `nodes` (their --node-rank) have
   /// reported (a node where the failure happened may report after one whose workers failed as a consequence, by

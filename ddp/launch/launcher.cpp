@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -27,6 +28,7 @@
 #include <ddp/launch/progress_record.h>
 #include <ddp/launch/rendezvous.h>
 #include <ddp/launch/restart_policy.h>
+#include <ddp/launch/text.h>
 #include <ddp/launch/worker_group.h>
 #include <ddp/process_group.h>
 
@@ -190,12 +192,6 @@ std::chrono::milliseconds seconds_flag(const std::string& flag, const std::strin
   return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
-std::string seconds_value(std::chrono::milliseconds duration) {
-  std::ostringstream out;
-  out << static_cast<double>(duration.count()) / 1000.0;
-  return out.str();
-}
-
 constexpr const char* kUsage = "Usage: ddp-launch [options] [--] program [args...]";
 
 /// CLI11's help with our usage line (its own would read "ddp-launch [OPTIONS]", and a second one in the
@@ -219,9 +215,9 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
   // Numbers are taken as text and checked here, so that errors read "--nnodes must be a positive integer, got 0"
   // rather than CLI11's "Value 0 not in range 0.000000 to 1797693134862315708145...".
   std::string nproc_per_node, nnodes = "1", node_rank = "0", master_port = std::to_string(c.master_port);
-  std::string kill_grace_s = seconds_value(c.kill_grace), rendezvous_timeout_s, collective_timeout_s;
-  std::string max_restarts = std::to_string(c.max_restarts), hang_timeout_s = seconds_value(c.hang_timeout);
-  std::string rejoin_wait_s = seconds_value(c.rejoin_wait);
+  std::string kill_grace_s = detail::seconds_value(c.kill_grace), rendezvous_timeout_s, collective_timeout_s;
+  std::string max_restarts = std::to_string(c.max_restarts), hang_timeout_s = detail::seconds_value(c.hang_timeout);
+  std::string rejoin_wait_s = detail::seconds_value(c.rejoin_wait);
   CLI::App app{
       "ddp-launch: starts a data-parallel job's worker processes on this node with the torchrun environment "
       "contract (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK). Options "
@@ -318,8 +314,8 @@ std::vector<std::pair<std::string, std::string>> worker_environment(const Launch
   };
   // torchrun's default: several workers each running a full-width OpenMP pool oversubscribe the node.
   if (c.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) env.emplace_back("OMP_NUM_THREADS", "1");
-  if (c.rendezvous_timeout) env.emplace_back(kRendezvousTimeoutEnv, seconds_value(*c.rendezvous_timeout));
-  if (c.collective_timeout) env.emplace_back(kCollectiveTimeoutEnv, seconds_value(*c.collective_timeout));
+  if (c.rendezvous_timeout) env.emplace_back(kRendezvousTimeoutEnv, detail::seconds_value(*c.rendezvous_timeout));
+  if (c.collective_timeout) env.emplace_back(kCollectiveTimeoutEnv, detail::seconds_value(*c.collective_timeout));
   env.emplace_back("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt.restart_count));
   env.emplace_back("TORCHELASTIC_MAX_RESTARTS", std::to_string(c.max_restarts));
   env.emplace_back("TORCHELASTIC_USE_AGENT_STORE", attempt.agent_store ? "True" : "False");
@@ -470,7 +466,8 @@ std::optional<std::string> wait_for_other_nodes(const LaunchConfig& c, detail::J
     }
     TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "this node's workers finished, but only ", done, " of ",
                 c.nnodes, " nodes reported theirs within ",
-                seconds_value(c.rendezvous_timeout.value_or(kDefaultNodesDoneWait)), " s (--rendezvous-timeout-s)");
+                detail::seconds_value(c.rendezvous_timeout.value_or(kDefaultNodesDoneWait)),
+                " s (--rendezvous-timeout-s)");
     std::this_thread::sleep_for(kStorePollInterval);
     done = store.nodes_done(attempt);
   }
@@ -511,20 +508,26 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, const Attem
   bool reported = false;  // (shared) this node's one report of a failed attempt is in the store
   detail::WaitHooks hooks;
   if (watch) {
-    hooks.find_hang = [&](const std::vector<bool>& running) -> std::optional<detail::WaitHooks::Hang> {
-      const auto hang = watch->check(std::chrono::steady_clock::now(), running);
-      if (!hang) return std::nullopt;
-      return detail::WaitHooks::Hang{hang->local_rank, hang->message, hang->last_progress};
+    hooks.find_hang = [&](const std::vector<bool>& running) {
+      return watch->check(std::chrono::steady_clock::now(), running);
     };
   }
   if (shared) {
     hooks.stop_requested = [&] {
-      if (store->failed(attempt)) return true;
+      using detail::StopRequest;
+      if (store->failed(attempt)) {
+        const std::vector<std::string> causes = store->reported_causes(attempt);
+        const bool membership =
+            !causes.empty() && std::all_of(causes.begin(), causes.end(), [](const std::string& cause) {
+              return cause.rfind(detail::kMembershipChange, 0) == 0;
+            });
+        return membership ? StopRequest::kMembershipChange : StopRequest::kFailure;
+      }
       const std::optional<std::string> newcomer = rendezvous ? rendezvous->newcomer(attempt + 1) : std::nullopt;
-      if (!newcomer) return false;
+      if (!newcomer) return StopRequest::kNone;
       store->report_failure(attempt, nodes.self, std::chrono::system_clock::now(), *newcomer);
       reported = true;
-      return true;
+      return StopRequest::kMembershipChange;
     };
     // Reported at once, so that the other nodes stop their workers; which failure was first is decided after.
     hooks.first_failure = [&](const detail::WorkerExit& first) {
@@ -587,6 +590,37 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, const Attem
   return end;
 }
 
+/// An elastic job's round before an attempt (node 0 hosts it, the others join it): which nodes run the attempt
+/// (`nodes.all`) and this node's rank among them (`here`), logged when they differ from the last attempt's
+/// (`members`, then updated); `attempt` becomes the round's. Returns the exit code when the job ends for this node
+/// instead: node 0 ended it, or a signal came while waiting.
+std::optional<int> take_round(const LaunchConfig& c, detail::Rendezvous& rendezvous, const std::string& restart_line,
+                              int& attempt, LaunchConfig& here, AttemptNodes& nodes, std::vector<int>& members,
+                              std::ostream& log) {
+  const bool host = c.node_rank == 0;
+  const std::optional<detail::RoundOutcome> round =
+      host ? rendezvous.host(attempt, restart_line) : rendezvous.join(attempt);
+  if (!round) {  // asked to stop while waiting for the nodes
+    const int received = g_received_signal;
+    log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received) << ")" << std::endl;
+    if (host) rendezvous.end(attempt, kSignalExitBase + received, "ddp-launch: node 0 was asked to stop\n", 0, {});
+    return kSignalExitBase + received;
+  }
+  attempt = round->round;
+  if (!host) log << round->message << std::flush;
+  if (round->ended) return round->exit_code;
+  here.nnodes = static_cast<int>(round->members.size());
+  here.node_rank = round->node_rank_of(c.node_rank);
+  if (round->members != members) {
+    log << "ddp-launch: attempt " << attempt << " runs on " << here.nnodes << " of at most " << c.nnodes
+        << " nodes (--node-rank " << detail::id_list(round->members) << "), world size "
+        << here.nnodes * c.nproc_per_node << "; this node is node " << here.node_rank << std::endl;
+  }
+  members = round->members;
+  nodes.all = members;
+  return std::nullopt;
+}
+
 }  // namespace
 
 int run_launch(const LaunchConfig& c, std::ostream& log) {
@@ -630,28 +664,10 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
     AttemptNodes nodes{c.node_rank, {}};
     for (int id = 0; id < c.nnodes; ++id) nodes.all.push_back(id);
     if (rendezvous) {
-      const std::optional<detail::RoundOutcome> round =
-          host ? rendezvous->host(attempt, restart_line) : rendezvous->join(attempt);
-      if (!round) {  // asked to stop while waiting for the nodes
-        const int received = g_received_signal;
-        log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received) << ")" << std::endl;
-        if (host) rendezvous->end(attempt, kSignalExitBase + received, "ddp-launch: node 0 was asked to stop\n", 0, {});
-        return kSignalExitBase + received;
+      if (const std::optional<int> exit_code =
+              take_round(c, *rendezvous, restart_line, attempt, here, nodes, members, log)) {
+        return *exit_code;
       }
-      attempt = round->round;
-      if (!host) log << round->message << std::flush;
-      if (round->ended) return round->exit_code;
-      here.nnodes = static_cast<int>(round->members.size());
-      here.node_rank = round->node_rank_of(c.node_rank);
-      if (round->members != members) {
-        std::string ids;
-        for (const int id : round->members) ids += (ids.empty() ? "" : ",") + std::to_string(id);
-        log << "ddp-launch: attempt " << attempt << " runs on " << here.nnodes << " of at most " << c.nnodes
-            << " nodes (--node-rank " << ids << "), world size " << here.nnodes * c.nproc_per_node
-            << "; this node is node " << here.node_rank << std::endl;
-      }
-      members = round->members;
-      nodes.all = members;
     }
     const AttemptEnd end =
         run_attempt(here, port, attempt, nodes, store.get(), rendezvous && host ? &*rendezvous : nullptr, folder, log);

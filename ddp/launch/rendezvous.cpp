@@ -7,24 +7,13 @@
 #include <c10/util/Exception.h>
 
 #include <ddp/launch/job_store.h>
+#include <ddp/launch/text.h>
 
 namespace ddp::detail {
 namespace {
 
 /// How often a node looks at the store while it waits for a round.
 constexpr std::chrono::milliseconds kPoll{50};
-
-std::string seconds(std::chrono::milliseconds d) {
-  std::ostringstream out;
-  out << static_cast<double>(d.count()) / 1000.0;
-  return out.str();
-}
-
-std::string node_list(const std::vector<int>& ids) {
-  std::string list;
-  for (const int id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
-  return list;
-}
 
 }  // namespace
 
@@ -34,7 +23,7 @@ int RoundOutcome::node_rank_of(int id) const {
 }
 
 std::string encode_outcome(const RoundOutcome& o) {
-  const std::string head = o.ended ? "end " + std::to_string(o.exit_code) : "members " + node_list(o.members);
+  const std::string head = o.ended ? "end " + std::to_string(o.exit_code) : "members " + id_list(o.members);
   return head + "\n" + o.message;
 }
 
@@ -77,8 +66,8 @@ std::optional<RoundOutcome> Rendezvous::host(int round, const std::string& messa
     const int have = static_cast<int>(members.size());
     if (have == options_.max_nodes || (have >= options_.min_nodes && waited >= options_.rejoin_wait)) break;
     TORCH_CHECK(waited < options_.timeout, "only ", have, " of at least ", options_.min_nodes, " nodes (--nnodes ",
-                options_.min_nodes, ":", options_.max_nodes, ") joined within ", seconds(options_.timeout),
-                " s (--rendezvous-timeout-s): node ids ", node_list(members));
+                options_.min_nodes, ":", options_.max_nodes, ") joined within ", seconds_value(options_.timeout),
+                " s (--rendezvous-timeout-s): node ids ", id_list(members));
     if (options_.interrupted && options_.interrupted()) return std::nullopt;
     std::this_thread::sleep_for(kPoll);
   }
@@ -97,7 +86,7 @@ std::optional<RoundOutcome> Rendezvous::join(int round) {
     std::optional<std::string> text;
     while (!(text = store_.round_outcome(round))) {
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "node 0 did not admit this node within ",
-                  seconds(options_.timeout), " s (--rendezvous-timeout-s)");
+                  seconds_value(options_.timeout), " s (--rendezvous-timeout-s)");
       if (options_.interrupted && options_.interrupted()) return std::nullopt;
       std::this_thread::sleep_for(kPoll);
     }
@@ -114,7 +103,7 @@ std::optional<std::string> Rendezvous::newcomer(int round) {
   for (int id = 1; id < options_.max_nodes; ++id) {
     if (store_.joined(round, id)) ids.push_back(id);
   }
-  return std::string(kMembershipChange) + "node " + (ids.empty() ? "?" : node_list(ids)) + " asked to join (--nnodes " +
+  return std::string(kMembershipChange) + "node " + (ids.empty() ? "?" : id_list(ids)) + " asked to join (--nnodes " +
          std::to_string(options_.min_nodes) + ":" + std::to_string(options_.max_nodes) + ")";
 }
 

@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <ddp/launch/text.h>
 #include <ddp/launch/worker_group.h>
 #include <ddp/process_group.h>
 
@@ -23,10 +24,6 @@ namespace {
 constexpr int kExitException = 1;
 
 void set_env(const char* name, const std::string& value) { ::setenv(name, value.c_str(), /*overwrite=*/1); }
-
-std::string seconds_value(std::chrono::milliseconds duration) {
-  return std::to_string(static_cast<double>(duration.count()) / 1000.0);
-}
 
 void write_all(int fd, const std::string& text) {
   size_t done = 0;
@@ -51,8 +48,10 @@ void write_all(int fd, const std::string& text) {
   set_env("LOCAL_RANK", std::to_string(local_rank));
   set_env("LOCAL_WORLD_SIZE", std::to_string(nprocs));
   set_env("GROUP_RANK", "0");
-  if (options.rendezvous_timeout()) set_env(kRendezvousTimeoutEnv, seconds_value(*options.rendezvous_timeout()));
-  if (options.collective_timeout()) set_env(kCollectiveTimeoutEnv, seconds_value(*options.collective_timeout()));
+  if (options.rendezvous_timeout())
+    set_env(kRendezvousTimeoutEnv, detail::seconds_value(*options.rendezvous_timeout()));
+  if (options.collective_timeout())
+    set_env(kCollectiveTimeoutEnv, detail::seconds_value(*options.collective_timeout()));
   // Like torchrun: each worker runs CPU ops on one thread unless OMP_NUM_THREADS says otherwise. One thread also
   // keeps the child clear of the parent's OpenMP thread pool, which does not survive fork (GNU libgomp): a child
   // opening a multi-threaded region with it would hang.

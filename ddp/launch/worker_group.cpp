@@ -312,7 +312,7 @@ WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
   // A failed worker's last line is its error, written when it failed: tearing a LibTorch process down can take
   // longer than its peers take to fail after it (seen: 0.03 s the wrong way round), so that time comes first.
   if (w.last_line_at) exit.observed = std::min(exit.observed, *w.last_line_at);
-  if (!w.hang.empty()) exit.observed = w.hang_found_at;
+  if (!w.hang.empty()) exit.observed = w.hang_last_progress;
   return exit;
 }
 
@@ -386,11 +386,11 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
     if (!any_running) break;
     if (hooks.stop_requested && std::chrono::steady_clock::now() >= next_stop_poll) {
       next_stop_poll = std::chrono::steady_clock::now() + kStopPollInterval;
-      if (hooks.stop_requested()) {
-        // Another node's workers failed. One here may be failing on its own at the same moment (its error written,
-        // its LibTorch teardown under way, which can take longer than a peer on the other node takes to fail after
-        // it): it gets the settle window to end, and is reported as the failure it is, with the time of its error.
-        settle(forward_fd, failures);
+      if (const StopRequest stop = hooks.stop_requested(); stop != StopRequest::kNone) {
+        // After another node's failure, a worker here failing on its own at the same moment (its LibTorch teardown
+        // can take longer than a peer on the other node takes to fail after it) is reported as the failure it is,
+        // with the time of its error. Healthy workers stopped for a membership change are not kept waiting.
+        if (stop == StopRequest::kFailure) settle(forward_fd, failures);
         if (!failures.empty() && hooks.first_failure) {
           hooks.first_failure(*std::min_element(failures.begin(), failures.end(),
                                                 [](const auto& a, const auto& b) { return a.observed < b.observed; }));
@@ -406,14 +406,14 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
       if (const auto hang = hooks.find_hang(running)) {
         Worker& hung = workers_.at(static_cast<size_t>(hang->local_rank));
         hung.hang = hang->message;
-        hung.hang_found_at = hang->last_progress;
+        hung.hang_last_progress = hang->last_progress;
         if (hooks.first_failure) {
           WorkerExit first;
           first.rank = hung.rank;
           first.local_rank = hung.local_rank;
           first.pid = hung.pid;
           first.hang = hung.hang;
-          first.observed = hung.hang_found_at;
+          first.observed = hung.hang_last_progress;
           hooks.first_failure(first);
         }
         terminate_rest(kill_grace, forward_fd, failures);

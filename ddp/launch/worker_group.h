@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/launch/health_watch.h>
+
 namespace ddp::detail {
 
 /// How often WorkerGroup::wait asks whether to stop from outside (a store call for ddp-launch: cheap, but not free).
@@ -50,24 +52,30 @@ int exit_code_of(int wait_status);
 /// stopped say so). Empty for no failures.
 std::string describe_failures(const std::vector<WorkerExit>& failures, const std::string& prefix);
 
+/// Why WaitHooks::stop_requested stops the workers from outside.
+enum class StopRequest {
+  kNone,
+  /// Another node's workers failed. One here may be failing on its own at the same moment (its error written, its
+  /// LibTorch teardown under way): the workers get the settle window to end before they are stopped, and one that
+  /// ends in it is reported as the failure it is.
+  kFailure,
+  /// Node 0 restarts the job for a change of its nodes (--nnodes MIN:MAX): the workers are healthy and are stopped
+  /// at once.
+  kMembershipChange,
+};
+
 /// What WorkerGroup::wait tells, and asks, the world outside this host.
 struct WaitHooks {
-  /// Asked every kStopPollInterval whether to stop the workers from outside (another node's worker failed): when
-  /// it says so, they are stopped as after a failure (SIGTERM, then SIGKILL after the kill grace) and reported as
-  /// stopped by the group.
-  std::function<bool()> stop_requested;
+  /// Asked every kStopPollInterval whether to stop the workers from outside, and why: when it says so, they are
+  /// stopped as after a failure (SIGTERM, then SIGKILL after the kill grace) and reported as stopped by the group.
+  std::function<StopRequest()> stop_requested;
   /// Told of the first failure as soon as it is seen, before the others are given time to end (so that another
   /// node hears of it before its own workers fail as a consequence).
   std::function<void(const WorkerExit&)> first_failure;
   /// Asked every kStopPollInterval whether a worker hangs, given which workers still run (by local rank): the hung
-  /// one (HealthWatch). It is the root cause (WorkerExit::hang, observed at its last progress), and all are stopped
-  /// as after a failure.
-  struct Hang {
-    int local_rank = 0;
-    std::string message;
-    std::chrono::steady_clock::time_point last_progress;
-  };
-  std::function<std::optional<Hang>(const std::vector<bool>& running)> find_hang;
+  /// one (HealthWatch::check). It is the root cause (WorkerExit::hang, observed at its last progress), and all are
+  /// stopped as after a failure.
+  std::function<std::optional<HealthWatch::Hang>(const std::vector<bool>& running)> find_hang;
 };
 
 /// The worker processes of one job on this host, supervised together: the first one that fails takes the others
@@ -119,7 +127,7 @@ class WorkerGroup {
     std::optional<std::chrono::steady_clock::time_point> output_closed;  // when its stderr pipe reached its end
     std::optional<std::chrono::steady_clock::time_point> last_line_at;   // when its last non-empty line came
     std::string hang;                                                    // set when hang detection stopped it
-    std::chrono::steady_clock::time_point hang_found_at{};               // its last progress, for the order
+    std::chrono::steady_clock::time_point hang_last_progress{};          // (hung) its last progress, for the order
   };
   /// Reaps `w` if it has exited (or blocks for it when `block`); returns its status when reaped.
   std::optional<int> reap(Worker& w, bool block);

@@ -67,9 +67,10 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
 }
 
 std::string run_header_line(const CommonFlags& flags, const Data& data, const RunHeader& header) {
+  // (A global batch that does not split among the processes is refused here, before a header with a wrong split.)
   const std::string batch = flags.global_batch_size
                                 ? fmt::format("global batch {} ({} per process)", *flags.global_batch_size,
-                                              *flags.global_batch_size / std::max<int64_t>(header.processes, 1))
+                                              batch_per_process(flags, std::max<int64_t>(header.processes, 1)))
                                 : fmt::format("batch {} per process", flags.batch_size);
   return fmt::format("{} process{}{}, {} | {} | {}, lr {}, {}, {} epoch(s) | {} training samples, {} test samples{}",
                      header.processes, header.processes == 1 ? "" : "es",

@@ -90,7 +90,8 @@ struct RunHeader {
   std::string optimizer;  // "SGD momentum 0.9"
   std::string extras;     // what only this run has, each as " | ...": " | SyncBatchNorm over all ranks"
 };
-/// That line for a run of `flags` on `data` (its sample counts).
+/// That line for a run of `flags` on `data` (its sample counts). Throws as batch_per_process() does for a global
+/// batch that does not split among the processes (before a header with a wrong split is printed).
 std::string run_header_line(const CommonFlags& flags, const Data& data, const RunHeader& header);
 
 /// "<name> momentum 0.9": how the header names the examples' SGD (torch::optim::SGD, or amp's "FusedSGD").

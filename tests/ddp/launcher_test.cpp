@@ -461,6 +461,36 @@ TEST(DdpLaunchTest, AFailedWorkerThatIsSlowToExitIsStillTheRootCause) {
   expect_first_failure_is_the_root_cause(700);
 }
 
+/// Starts `script` under /bin/sh in a process group of its own, as ddp-launch starts a worker.
+pid_t start_shell(const std::string& script) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+TEST(WorkerGroupTest, AMembershipChangeStopsHealthyWorkersAtOnceAndAFailureElsewhereGivesThemTheSettleWindow) {
+  using ddp::detail::StopRequest;
+  // The worker ends on its own with code 3 after 1 s: inside the 2 s settle window given after another node's
+  // failure (it is then that failure, reported as its own), long after the first stop poll (0.1 s), at which a
+  // membership change stops it at once (SIGTERM: stopped by the group).
+  for (const StopRequest stop : {StopRequest::kFailure, StopRequest::kMembershipChange}) {
+    const bool membership = stop == StopRequest::kMembershipChange;
+    ddp::detail::WorkerGroup group;
+    group.add(0, 0, start_shell("sleep 1; exit 3"));
+    ddp::detail::WaitHooks hooks;
+    hooks.stop_requested = [&] { return stop; };
+    const std::vector<ddp::detail::WorkerExit> failures = group.wait(std::chrono::seconds(10), nullptr, -1, hooks);
+    ASSERT_EQ(failures.size(), 1u) << (membership ? "membership change" : "failure elsewhere");
+    EXPECT_EQ(failures[0].stopped_by_group, membership) << ddp::detail::describe_failures(failures, "");
+    EXPECT_EQ(ddp::detail::exit_code_of(failures[0].wait_status), membership ? 128 + SIGTERM : 3)
+        << ddp::detail::describe_failures(failures, "");
+  }
+}
+
 /// A failure as WorkerGroup::wait reports it: `rank` (its local rank too) ended with `code` after writing `line`.
 ddp::detail::WorkerExit failure(int rank, int code, const std::string& line, bool stopped = false) {
   ddp::detail::WorkerExit f;
@@ -862,6 +892,26 @@ TEST(DdpLaunchTest, AnElasticJobGoesOnWithoutALostNodeAndAdmitsItWhenItComesBack
     EXPECT_EQ(text.find("gave up"), std::string::npos) << text;
     EXPECT_EQ(text.find("frame #"), std::string::npos) << text;
   }
+}
+
+TEST(DdpLaunchTest, AnElasticJobEndsWhenNode0IsLostAndTheOtherNodeSaysSo) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir out;
+  const std::string port = std::to_string(ddp::detail::find_free_port());
+  const std::string common = " --nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " + port +
+                             " --rejoin-wait-s 1 --max-restarts 3 --kill-grace-s 1 ";
+  const std::string worker = kWorker + " train --steps 1000 --step-delay-ms 10 --out " + out.path();
+  Process node0(kLaunch + common + "--node-rank 0 " + worker);
+  Process node1(kLaunch + common + "--node-rank 1 " + worker);
+  ASSERT_TRUE(wait_until([&] { return steps_done(out, 1) >= 5; })) << node0.output() << node1.output();
+  // Node 0 hosts the job's store (its launcher and its worker go): the job cannot go on, and node 1 ends with a line
+  // that says why instead of restarting alone or waiting out a timeout.
+  ASSERT_EQ(::kill(node0.pid(), SIGKILL), 0);
+  node0.wait(kLimit);
+  EXPECT_NE(exit_code(node1.wait(kLimit)), 0) << node1.output();
+  EXPECT_NE(node1.output().find("node 0's launcher, which hosts it, is gone?"), std::string::npos) << node1.output();
+  EXPECT_EQ(node1.output().find("runs on 1 of at most 2 nodes"), std::string::npos) << node1.output();
+  EXPECT_EQ(node1.output().find("frame #"), std::string::npos) << node1.output();
 }
 
 TEST(DdpLaunchTest, AnElasticJobWithoutMinNodesGivesUpWithOneLine) {

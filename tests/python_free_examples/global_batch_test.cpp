@@ -152,8 +152,10 @@ TEST_F(GlobalBatchTest, BadCombinationsAreOneLineBeforeTraining) {
     EXPECT_EQ(r.out.find("epoch 1/1"), std::string::npos) << r.describe();
     EXPECT_EQ(r.err.find("frame #"), std::string::npos) << r.describe();
   };
-  expect_refused(example_test::run_process(spawn(3, {})),
-                 "--global-batch-size 32 does not split evenly among 3 processes");
+  const ProcessResult uneven = example_test::run_process(spawn(3, {}));
+  expect_refused(uneven, "--global-batch-size 32 does not split evenly among 3 processes");
+  EXPECT_EQ(uneven.out.find("per process"), std::string::npos)
+      << "a header with a rounded-down split: " << uneven.describe();
   expect_refused(example_test::run_process(spawn(1, {"--batch-size", "16"})),
                  "--batch-size excludes --global-batch-size");
   expect_refused(example_test::run_process(with(spawn(1, {}), "--limit-train", "16")),

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Question (issue 26): does mixed precision or data parallelism cost accuracy? The example CNN (amp_ddp, the program
+# a user runs) is trained on the full Fashion-MNIST (60,000 training images, 10,000 test) under every precision and
+# parallel mode the project offers, several seeds each, with one fixed recipe; the table gives each configuration's
+# test accuracy (mean, spread), its difference from FP32 and whether it lies within FP32's own seed spread.
+#
+# Every configuration runs `ddp-launch --nproc-per-node P amp_ddp <recipe> <its flags> --seed S`; the recipe is the
+# same for all (a global batch, so 1, 2 and 4 processes take the same samples per step). Seeds run in the outer loop
+# (a first full table comes early) and each run is recorded as it finishes, in <out>/runs/<config>-seed<S>.txt,
+# written atomically: run the script again and it goes on where it stopped. A benchmark: run it by hand on an idle
+# machine (it prints uptime), never in CI, where --quick (a few steps per configuration, one seed) checks that it
+# runs and writes its outputs.
+#
+# Outputs in <out>: validation.md (the recipe, the table), validation.csv, validation.png (gnuplot, when installed).
+#
+# Time on the 2-core VM (2026-12-03, one epoch of 60,000 images at global batch 128): FP32 ~45 s, bf16 O1-O3 ~31 s,
+# O2 + FP8 ~40 s, DDP 2 ranks ~65 s, 4 ranks ~90 s, SyncBatchNorm 2 ranks ~75 s, but fp16 ~260 s (this CPU has no
+# fp16 arithmetic: LibTorch emulates it). The default (2 epochs, 3 seeds) is ~51 min without the two fp16
+# configurations and ~52 min more with them: run them in a second sitting (--configs), the records add up.
+set -euo pipefail
+me=validate_accuracy.sh
+usage="Usage: benchmarks/$me [--quick] [--seeds N] [--epochs E] [--configs NAME,...] [--out DIR] [--build DIR] [--data DIR] [--list]"
+fail() { echo "$me: $*" >&2; exit 2; }
+positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || fail "$1 must be a positive integer, got '$2'"; }
+
+# name | processes | flags | what it is (the table's rows, in this order; fp32 is the reference)
+configs_table="
+fp32|1|--opt-level O0|FP32, 1 process
+o1-bf16|1|--opt-level O1 --dtype bf16|O1 (autocast) bf16
+o2-bf16|1|--opt-level O2 --dtype bf16|O2 (bf16 model, FP32 masters)
+o3-bf16|1|--opt-level O3 --dtype bf16|O3 (bf16 everything)
+o1-fp16|1|--opt-level O1 --dtype fp16|O1 fp16, dynamic loss scaling
+o2-fp16|1|--opt-level O2 --dtype fp16|O2 fp16, dynamic loss scaling
+o2-bf16-fp8|1|--opt-level O2 --dtype bf16 --fp8 delayed|O2 bf16 + FP8 fc1 (delayed scaling)
+ddp2-fp32|2|--opt-level O0|DDP, 2 processes, FP32
+ddp4-fp32|4|--opt-level O0|DDP, 4 processes, FP32
+zero1-o2|2|--opt-level O2 --dtype bf16 --zero 1|ZeRO-1, 2 processes, O2 bf16
+zero2-o2|2|--opt-level O2 --dtype bf16 --zero 2|ZeRO-2, 2 processes, O2 bf16
+syncbn2-fp32|2|--opt-level O0 --sync-bn|SyncBatchNorm, 2 processes, FP32
+"
+all_names=$(awk -F'|' 'NF {print $1}' <<<"$configs_table" | paste -sd, -)
+
+quick=0 seeds=3 epochs=2 configs=$all_names out=benchmarks/results/validation build=${BUILD_DIR:-build} data=""
+while (($#)); do
+  case $1 in
+    --quick) quick=1 ;;
+    --seeds) [[ $# -ge 2 ]] || fail "--seeds needs a value"; positive --seeds "$2"; seeds=$2; shift ;;
+    --epochs) [[ $# -ge 2 ]] || fail "--epochs needs a value"; positive --epochs "$2"; epochs=$2; shift ;;
+    --configs) [[ $# -ge 2 ]] || fail "--configs needs a value"; configs=$2; shift ;;
+    --out) [[ $# -ge 2 ]] || fail "--out needs a value"; out=$2; shift ;;
+    --build) [[ $# -ge 2 ]] || fail "--build needs a value"; build=$2; shift ;;
+    --data) [[ $# -ge 2 ]] || fail "--data needs a value"; data=$2; shift ;;
+    --list) awk -F'|' 'NF {printf "%-14s %d process(es)  %-40s %s\n", $1, $2, $3, $4}' <<<"$configs_table"; exit 0 ;;
+    -h | --help) echo "$usage"; exit 0 ;;
+    *) fail "unknown argument '$1' ($usage)" ;;
+  esac
+  shift
+done
+IFS=, read -r -a chosen <<<"$configs"
+for name in "${chosen[@]}"; do
+  grep -q "^$name|" <<<"$configs_table" || fail "--configs: no configuration '$name' (one of: $all_names)"
+done
+
+# The recipe: the example's SGD (momentum 0.9), one global batch for every process count, the data's own order.
+global_batch=128
+recipe=(--device cpu --global-batch-size "$global_batch" --lr 0.05 --epochs "$epochs" --quiet)
+if ((quick)); then
+  seeds=1
+  recipe=(--device cpu --global-batch-size 64 --lr 0.05 --epochs 1 --limit-train 512 --quiet)
+fi
+[[ -n $data ]] && recipe+=(--data "$data")
+
+launch=$build/ddp/ddp-launch
+amp_ddp=$build/python_free_examples/amp_ddp
+for program in "$launch" "$amp_ddp"; do
+  [[ -x $program ]] || fail "$program is missing: build it first (make build, or --build DIR)"
+done
+mkdir -p "$out/runs" 2>/dev/null || fail "--out $out: cannot make the folder"
+[[ -w $out/runs ]] || fail "--out $out: not writable"
+logs=$out/logs
+mkdir -p "$logs"
+
+# One record per finished run: "<config> <seed> <test accuracy %> <last epoch's mean loss> <wall s>".
+# The recipe is part of each record's folder key so that a changed recipe never mixes with old runs.
+key=$(printf '%s ' "${recipe[@]}" | cksum | cut -d' ' -f1)
+runs=$out/runs/$key
+mkdir -p "$runs"
+printf '%s\n' "${recipe[*]}" >"$runs/recipe.txt"
+
+echo "$me, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'): $(uptime)"
+echo "recipe: amp_ddp ${recipe[*]}; seeds 1-$seeds; records in $runs"
+failed=0
+for ((seed = 1; seed <= seeds; seed++)); do
+  for name in "${chosen[@]}"; do
+    IFS='|' read -r _ procs flags what < <(grep "^$name|" <<<"$configs_table")
+    record=$runs/$name-seed$seed.txt
+    if [[ -s $record ]]; then
+      echo "  $name seed $seed: recorded before ($(cut -d' ' -f3 "$record")%)"
+      continue
+    fi
+    log=$logs/$name-seed$seed.log
+    start=$(date +%s.%N)
+    # shellcheck disable=SC2086  # $flags is a list of flags
+    if ! "$launch" --nproc-per-node "$procs" --master-port 0 "$amp_ddp" "${recipe[@]}" $flags --seed "$seed" \
+      >"$log" 2>&1; then
+      echo "  $name seed $seed: FAILED: $(grep -v '^\s*$' "$log" | tail -1) (log: $log)"
+      failed=$((failed + 1))
+      continue
+    fi
+    wall=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN {printf "%.1f", e - s}')
+    last=$(grep -E '^epoch [0-9]+/[0-9]+: mean loss' "$log" | tail -1)
+    acc=$(sed -E 's/.*test accuracy ([0-9.]+)%.*/\1/' <<<"$last")
+    loss=$(sed -E 's/.*mean loss ([0-9.naif]+) .*/\1/' <<<"$last")
+    if [[ ! $acc =~ ^[0-9.]+$ ]]; then
+      echo "  $name seed $seed: FAILED: no 'test accuracy' line in its output (log: $log)"
+      failed=$((failed + 1))
+      continue
+    fi
+    echo "$name $seed $acc $loss $wall" >"$record.tmp" && mv "$record.tmp" "$record"
+    echo "  $name seed $seed: test accuracy $acc%, mean loss $loss, $wall s ($what)"
+  done
+done
+
+# The table: per configuration, over its recorded seeds.
+summary() {
+  local name procs flags what
+  for name in "${chosen[@]}"; do
+    IFS='|' read -r _ procs flags what < <(grep "^$name|" <<<"$configs_table")
+    cat "$runs/$name"-seed*.txt 2>/dev/null | awk -v name="$name" -v what="$what" -v flags="$flags" -v p="$procs" '
+      { n++; acc[n] = $3; s += $3; ss += $3 * $3; loss += $4; wall += $5
+        if (n == 1 || $3 < lo) lo = $3; if (n == 1 || $3 > hi) hi = $3 }
+      END { if (n == 0) { printf "%s|%s|%s|%s|0\n", name, what, p, flags; exit }
+            m = s / n; sd = n > 1 ? sqrt((ss - n * m * m) / (n - 1)) : 0; if (sd != sd) sd = 0
+            printf "%s|%s|%s|%s|%d|%.2f|%.2f|%.2f|%.2f|%.4f|%.1f\n", name, what, p, flags, n, m, sd, lo, hi, loss / n, wall / n }'
+  done
+}
+rows=$(summary)
+table() {
+  awk -F'|' '
+    NR == 1 { ref_n = $5; ref_m = $6; ref_lo = $8; ref_hi = $9 }
+    { rows[NR] = $0 }
+    END {
+      print "| configuration | processes | flags | seeds | test accuracy % (mean) | sd | min-max | vs FP32 (points) | within FP32 seed spread | last-epoch loss | wall s per run |"
+      print "|---|---|---|---|---|---|---|---|---|---|---|"
+      for (i = 1; i <= NR; i++) {
+        split(rows[i], f, "|")
+        if (f[5] == 0) { printf "| %s | %s | `%s` | 0 | not run | | | | | | |\n", f[2], f[3], f[4]; continue }
+        diff = f[6] - ref_m
+        if (i == 1) within = "(reference)"
+        else if (ref_n < 2) within = "n/a: FP32 has one seed"
+        else within = (f[6] >= ref_lo && f[6] <= ref_hi) ? "yes" : "**no**"
+        printf "| %s | %s | `%s` | %d | %.2f | %.2f | %.2f-%.2f | %s | %s | %.4f | %.1f |\n", f[2], f[3], f[4], f[5],
+               f[6], f[7], f[8], f[9], i == 1 ? "0" : sprintf("%+.2f", diff), within, f[10], f[11]
+      }
+    }' <<<"$1"
+}
+if ! grep -q '^fp32|' <<<"$rows" || [[ ${chosen[0]} != fp32 ]]; then
+  echo "(no FP32 reference among --configs: differences are from the first configuration, $(head -1 <<<"$rows" | cut -d'|' -f2))"
+fi
+md=$out/validation.md
+{
+  echo "Accuracy validation: amp_ddp on Fashion-MNIST, $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'))."
+  echo
+  echo "Recipe: \`ddp-launch --nproc-per-node P amp_ddp ${recipe[*]} <flags> --seed S\`, seeds 1-$seeds."
+  echo "Within FP32's seed spread: the configuration's mean lies between FP32's lowest and highest seed."
+  echo
+  table "$rows"
+} >"$md.tmp" && mv "$md.tmp" "$md"
+{
+  echo "config,processes,flags,seeds,accuracy_mean,accuracy_sd,accuracy_min,accuracy_max,last_epoch_loss,wall_s"
+  awk -F'|' '$5 > 0 {printf "%s,%s,\"%s\",%s,%s,%s,%s,%s,%s,%s\n", $1, $3, $4, $5, $6, $7, $8, $9, $10, $11}' <<<"$rows"
+} >"$out/validation.csv.tmp" && mv "$out/validation.csv.tmp" "$out/validation.csv"
+table "$rows"
+
+plot_note="no PNG: gnuplot is not installed (apt-get install gnuplot-nox)"
+if command -v gnuplot >/dev/null 2>&1; then
+  awk -F'|' '$5 > 0 {printf "%d \"%s\" %s %s %s\n", NR - 1, $1, $6, $8, $9}' <<<"$rows" >"$out/validation.dat"
+  ref=$(awk -F'|' 'NR == 1 && $5 > 0 {print $8, $9}' <<<"$rows")
+  {
+    echo "set terminal pngcairo size 1100,500 font ',10'"
+    echo "set output '$out/validation.png.tmp'"
+    echo "set title 'Test accuracy per configuration (mean, min-max over seeds); band: FP32 seed spread'"
+    echo "set ylabel 'test accuracy %'; set xtics rotate by -30; set grid ytics; set key off"
+    echo "set xrange [-0.5:$(($(wc -l <"$out/validation.dat") - 1)).5]"
+    if [[ -n $ref ]]; then
+      read -r lo hi <<<"$ref"
+      echo "set object 1 rect from graph 0, first $lo to graph 1, first $hi fc rgb '#cce5ff' fs solid 0.5 behind"
+    fi
+    echo "plot '$out/validation.dat' using 1:3:4:5:xtic(2) with yerrorbars pt 7 ps 1.2 lc rgb '#1f4e79'"
+  } >"$out/validation.gnuplot"
+  # pngcairo draws better; plain png (libgd) is the fallback where gnuplot was built without cairo.
+  if gnuplot "$out/validation.gnuplot" 2>"$out/validation.gnuplot.log" ||
+    { sed -i "s/^set terminal pngcairo/set terminal png/" "$out/validation.gnuplot" &&
+      gnuplot "$out/validation.gnuplot" 2>"$out/validation.gnuplot.log"; }; then
+    mv "$out/validation.png.tmp" "$out/validation.png"
+    plot_note="plot: $out/validation.png"
+  else
+    plot_note="no PNG: gnuplot failed (see $out/validation.gnuplot.log)"
+  fi
+fi
+echo "table: $md; $out/validation.csv; $plot_note"
+if ((failed)); then
+  echo "$me: $failed run(s) failed (their logs are named above); run again to retry them" >&2
+  exit 1
+fi

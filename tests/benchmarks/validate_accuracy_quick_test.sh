@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# benchmarks/validate_accuracy.sh --quick as CI's smoke test of the program (issue 26): every configuration trains
+# its few steps and is recorded, the table, CSV and plot are written, and a second run resumes (it runs nothing and
+# says each run was recorded before). It asserts only that the program runs and writes its outputs: the accuracy of
+# a few steps says nothing. Skipped (77) where Fashion-MNIST is not installed.
+# Usage: validate_accuracy_quick_test.sh SOURCE_DIR BUILD_DIR OUT_DIR
+set -uo pipefail
+src=$1 build=$2 out=$3
+data=/usr/share/datasets/fashion-mnist
+if ! ls "$data"/train-images-idx3-ubyte* >/dev/null 2>&1; then
+  echo "skipped: Fashion-MNIST is not installed in $data (apt-get install dataset-fashion-mnist)"
+  exit 77
+fi
+rm -rf "$out"
+script=$src/benchmarks/validate_accuracy.sh
+check() { if ! eval "$1"; then echo "FAILED: $2"; exit 1; fi; }
+
+first=$(bash "$script" --quick --build "$build" --out "$out" 2>&1)
+status=$?
+echo "$first"
+check '((status == 0))' "the first run ended with status $status"
+configs=$(bash "$script" --list | wc -l)
+check '[[ $(grep -c "seed 1: test accuracy" <<<"$first") -eq $configs ]]' "not every one of the $configs configurations ran"
+check '[[ -s $out/validation.md && -s $out/validation.csv ]]' "no table or CSV in $out"
+check '[[ $(($(wc -l <"$out/validation.csv") - 1)) -eq $configs ]]' "the CSV does not have a row per configuration"
+check 'grep -q "| FP32, 1 process | 1 |" "$out/validation.md"' "the table has no FP32 row"
+if command -v gnuplot >/dev/null 2>&1; then
+  check '[[ -s $out/validation.png ]]' "gnuplot is installed but no plot was written"
+fi
+check '[[ -z $(find "$out" -name "*.tmp") ]]' "a temporary file was left behind"
+
+second=$(bash "$script" --quick --build "$build" --out "$out" 2>&1)
+status=$?
+check '((status == 0))' "the second run ended with status $status: $second"
+check '[[ $(grep -c "recorded before" <<<"$second") -eq $configs ]]' "the second run did not resume: $second"
+check '! grep -q "test accuracy .*%, mean loss" <<<"$second"' "the second run trained again: $second"
+
+bad=$(bash "$script" --seeds 0 2>&1)
+status=$?
+check '((status == 2)) && [[ $bad == "validate_accuracy.sh: --seeds must be a positive integer, got '"'"'0'"'"'" ]]' \
+  "a bad --seeds is not one line with status 2: $status $bad"
+bad=$(bash "$script" --configs fp32,nope --build "$build" 2>&1)
+check '[[ $bad == *"--configs: no configuration '"'"'nope'"'"'"* ]]' "an unknown configuration is not named: $bad"
+echo "validate_accuracy.sh --quick: all $configs configurations ran, the outputs were written, the second run resumed"
