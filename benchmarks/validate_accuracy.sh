@@ -16,7 +16,8 @@
 # Time on the 2-core VM (2026-12-03, one epoch of 60,000 images at global batch 128): FP32 ~45 s, bf16 O1-O3 ~31 s,
 # O2 + FP8 ~40 s, DDP 2 ranks ~65 s, 4 ranks ~90 s, SyncBatchNorm 2 ranks ~75 s, but fp16 ~260 s (this CPU has no
 # fp16 arithmetic: LibTorch emulates it). The default (2 epochs, 3 seeds) is ~51 min without the two fp16
-# configurations and ~52 min more with them: run them in a second sitting (--configs), the records add up.
+# configurations and ~52 min more with them: run them in a second sitting (--configs). The table always sums up
+# every configuration's records so far, whichever --configs this sitting ran.
 set -euo pipefail
 me=validate_accuracy.sh
 usage="Usage: benchmarks/$me [--quick] [--seeds N] [--epochs E] [--configs NAME,...] [--out DIR] [--build DIR] [--data DIR] [--list]"
@@ -39,8 +40,11 @@ zero2-o2|2|--opt-level O2 --dtype bf16 --zero 2|ZeRO-2, 2 processes, O2 bf16
 syncbn2-fp32|2|--opt-level O0 --sync-bn|SyncBatchNorm, 2 processes, FP32
 "
 all_names=$(awk -F'|' 'NF {print $1}' <<<"$configs_table" | paste -sd, -)
+IFS=, read -r -a all <<<"$all_names"
+# The table's line of configuration $1 (exact name), empty when there is none.
+config_line() { awk -F'|' -v name="$1" '$1 == name' <<<"$configs_table"; }
 
-quick=0 seeds=3 epochs=2 configs=$all_names out=benchmarks/results/validation build=${BUILD_DIR:-build} data=""
+quick=0 seeds=3 epochs=2 configs=$all_names out="" build=${BUILD_DIR:-build} data=""
 while (($#)); do
   case $1 in
     --quick) quick=1 ;;
@@ -57,9 +61,12 @@ while (($#)); do
   shift
 done
 IFS=, read -r -a chosen <<<"$configs"
+((${#chosen[@]})) || fail "--configs: no configuration named (one or more of: $all_names)"
 for name in "${chosen[@]}"; do
-  grep -q "^$name|" <<<"$configs_table" || fail "--configs: no configuration '$name' (one of: $all_names)"
+  [[ -n $(config_line "$name") ]] || fail "--configs: no configuration '$name' (one of: $all_names)"
 done
+# (--quick keeps its outputs apart from the real table's.)
+[[ -n $out ]] || out=benchmarks/results/validation$( ((quick)) && echo -quick)
 
 # The recipe: the example's SGD (momentum 0.9), one global batch for every process count, the data's own order.
 global_batch=128
@@ -92,7 +99,7 @@ echo "recipe: amp_ddp ${recipe[*]}; seeds 1-$seeds; records in $runs"
 failed=0
 for ((seed = 1; seed <= seeds; seed++)); do
   for name in "${chosen[@]}"; do
-    IFS='|' read -r _ procs flags what < <(grep "^$name|" <<<"$configs_table")
+    IFS='|' read -r _ procs flags what < <(config_line "$name")
     record=$runs/$name-seed$seed.txt
     if [[ -s $record ]]; then
       echo "  $name seed $seed: recorded before ($(cut -d' ' -f3 "$record")%)"
@@ -108,9 +115,9 @@ for ((seed = 1; seed <= seeds; seed++)); do
       continue
     fi
     wall=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN {printf "%.1f", e - s}')
-    last=$(grep -E '^epoch [0-9]+/[0-9]+: mean loss' "$log" | tail -1)
+    last=$(grep -E '^epoch [0-9]+/[0-9]+: mean loss [^ ]+ \| test accuracy [0-9.]+%' "$log" | tail -1 || true)
     acc=$(sed -E 's/.*test accuracy ([0-9.]+)%.*/\1/' <<<"$last")
-    loss=$(sed -E 's/.*mean loss ([0-9.naif]+) .*/\1/' <<<"$last")
+    loss=$(sed -E 's/.*mean loss ([^ ]+) .*/\1/' <<<"$last")
     if [[ ! $acc =~ ^[0-9.]+$ ]]; then
       echo "  $name seed $seed: FAILED: no 'test accuracy' line in its output (log: $log)"
       failed=$((failed + 1))
@@ -121,18 +128,21 @@ for ((seed = 1; seed <= seeds; seed++)); do
   done
 done
 
-# The table: per configuration, over its recorded seeds.
+# The table: every configuration (this sitting's or not), over its recorded seeds.
 summary() {
-  local name procs flags what
-  for name in "${chosen[@]}"; do
-    IFS='|' read -r _ procs flags what < <(grep "^$name|" <<<"$configs_table")
-    cat "$runs/$name"-seed*.txt 2>/dev/null | awk -v name="$name" -v what="$what" -v flags="$flags" -v p="$procs" '
+  local name procs flags what files
+  for name in "${all[@]}"; do
+    IFS='|' read -r _ procs flags what < <(config_line "$name")
+    files=("$runs/$name"-seed*.txt)
+    [[ -e ${files[0]} ]] || files=()
+    cat "${files[@]}" /dev/null | awk -v name="$name" -v what="$what" -v flags="$flags" -v p="$procs" '
       { n++; acc[n] = $3; s += $3; ss += $3 * $3; loss += $4; wall += $5
         if (n == 1 || $3 < lo) lo = $3; if (n == 1 || $3 > hi) hi = $3 }
       END { if (n == 0) { printf "%s|%s|%s|%s|0\n", name, what, p, flags; exit }
             m = s / n; sd = n > 1 ? sqrt((ss - n * m * m) / (n - 1)) : 0; if (sd != sd) sd = 0
             printf "%s|%s|%s|%s|%d|%.2f|%.2f|%.2f|%.2f|%.4f|%.1f\n", name, what, p, flags, n, m, sd, lo, hi, loss / n, wall / n }'
   done
+  return 0
 }
 rows=$(summary)
 table() {
@@ -145,23 +155,21 @@ table() {
       for (i = 1; i <= NR; i++) {
         split(rows[i], f, "|")
         if (f[5] == 0) { printf "| %s | %s | `%s` | 0 | not run | | | | | | |\n", f[2], f[3], f[4]; continue }
-        diff = f[6] - ref_m
+        diff = ref_n == 0 ? "n/a: no FP32 run" : sprintf("%+.2f", f[6] - ref_m)
         if (i == 1) within = "(reference)"
+        else if (ref_n == 0) within = "n/a: no FP32 run"
         else if (ref_n < 2) within = "n/a: FP32 has one seed"
         else within = (f[6] >= ref_lo && f[6] <= ref_hi) ? "yes" : "**no**"
         printf "| %s | %s | `%s` | %d | %.2f | %.2f | %.2f-%.2f | %s | %s | %.4f | %.1f |\n", f[2], f[3], f[4], f[5],
-               f[6], f[7], f[8], f[9], i == 1 ? "0" : sprintf("%+.2f", diff), within, f[10], f[11]
+               f[6], f[7], f[8], f[9], i == 1 ? "0" : diff, within, f[10], f[11]
       }
     }' <<<"$1"
 }
-if ! grep -q '^fp32|' <<<"$rows" || [[ ${chosen[0]} != fp32 ]]; then
-  echo "(no FP32 reference among --configs: differences are from the first configuration, $(head -1 <<<"$rows" | cut -d'|' -f2))"
-fi
 md=$out/validation.md
 {
   echo "Accuracy validation: amp_ddp on Fashion-MNIST, $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'))."
   echo
-  echo "Recipe: \`ddp-launch --nproc-per-node P amp_ddp ${recipe[*]} <flags> --seed S\`, seeds 1-$seeds."
+  echo "Recipe: \`ddp-launch --nproc-per-node P amp_ddp ${recipe[*]} <flags> --seed S\`, seeds 1, 2, ... (the seeds column)."
   echo "Within FP32's seed spread: the configuration's mean lies between FP32's lowest and highest seed."
   echo
   table "$rows"
@@ -173,8 +181,10 @@ md=$out/validation.md
 table "$rows"
 
 plot_note="no PNG: gnuplot is not installed (apt-get install gnuplot-nox)"
-if command -v gnuplot >/dev/null 2>&1; then
-  awk -F'|' '$5 > 0 {printf "%d \"%s\" %s %s %s\n", NR - 1, $1, $6, $8, $9}' <<<"$rows" >"$out/validation.dat"
+awk -F'|' '$5 > 0 {printf "%d \"%s\" %s %s %s\n", x++, $1, $6, $8, $9}' <<<"$rows" >"$out/validation.dat"
+if [[ ! -s $out/validation.dat ]]; then
+  plot_note="no PNG: no run is recorded yet"
+elif command -v gnuplot >/dev/null 2>&1; then
   ref=$(awk -F'|' 'NR == 1 && $5 > 0 {print $8, $9}' <<<"$rows")
   {
     echo "set terminal pngcairo size 1100,500 font ',10'"
@@ -195,6 +205,7 @@ if command -v gnuplot >/dev/null 2>&1; then
     mv "$out/validation.png.tmp" "$out/validation.png"
     plot_note="plot: $out/validation.png"
   else
+    rm -f "$out/validation.png.tmp"
     plot_note="no PNG: gnuplot failed (see $out/validation.gnuplot.log)"
   fi
 fi

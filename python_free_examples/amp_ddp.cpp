@@ -108,6 +108,9 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) init.cuda_device(device.index());
     ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
     const examples::Rank rank{group.rank(), group.size()};
+    // Every rank refuses a global batch that does not split among the processes, before any collective (else rank 0
+    // alone would, and the others would fail in the model's broadcast).
+    examples::batch_per_process(flags, rank.world_size);
     // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
     if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
     const int64_t train_samples = data.train.images.size(0);

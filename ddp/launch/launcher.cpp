@@ -516,11 +516,9 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, const Attem
     hooks.stop_requested = [&] {
       using detail::StopRequest;
       if (store->failed(attempt)) {
+        // The first report is the one that stopped the attempt (the others may follow from it).
         const std::vector<std::string> causes = store->reported_causes(attempt);
-        const bool membership =
-            !causes.empty() && std::all_of(causes.begin(), causes.end(), [](const std::string& cause) {
-              return cause.rfind(detail::kMembershipChange, 0) == 0;
-            });
+        const bool membership = !causes.empty() && causes.front().rfind(detail::kMembershipChange, 0) == 0;
         return membership ? StopRequest::kMembershipChange : StopRequest::kFailure;
       }
       const std::optional<std::string> newcomer = rendezvous ? rendezvous->newcomer(attempt + 1) : std::nullopt;

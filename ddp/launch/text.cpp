@@ -1,15 +1,20 @@
 #include <ddp/launch/text.h>
 
-#include <sstream>
+#include <string>
 
 #include <c10/util/Exception.h>
 
 namespace ddp::detail {
 
 std::string seconds_value(std::chrono::milliseconds duration) {
-  std::ostringstream out;
-  out << static_cast<double>(duration.count()) / 1000.0;
-  return out.str();
+  // Exact to the millisecond and independent of the locale (a double through a stream keeps 6 digits).
+  const long long ms = duration.count();
+  const char* sign = ms < 0 ? "-" : "";
+  const long long magnitude = ms < 0 ? -ms : ms;
+  std::string fraction = std::to_string(magnitude % 1000);
+  fraction = std::string(3 - fraction.size(), '0') + fraction;
+  while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+  return sign + std::to_string(magnitude / 1000) + (fraction.empty() ? "" : "." + fraction);
 }
 
 std::string id_list(const std::vector<int>& ids) {

@@ -59,8 +59,8 @@ enum class StopRequest {
   /// LibTorch teardown under way): the workers get the settle window to end before they are stopped, and one that
   /// ends in it is reported as the failure it is.
   kFailure,
-  /// Node 0 restarts the job for a change of its nodes (--nnodes MIN:MAX): the workers are healthy and are stopped
-  /// at once.
+  /// Node 0 restarts the job for a change of its nodes (--nnodes MIN:MAX): the workers are stopped at once, and one
+  /// that happened to be failing at that moment is reported as stopped (the restart is not charged either way).
   kMembershipChange,
 };
 

@@ -20,6 +20,7 @@
 
 #include <ddp/launch/error_file.h>
 #include <ddp/launch/restart_policy.h>
+#include <ddp/launch/text.h>
 #include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -459,6 +460,17 @@ TEST(DdpLaunchTest, AFailedWorkerThatIsSlowToExitIsStillTheRootCause) {
   // Seen in CI (2 cores under load): rank 0 exited before rank 1 whose failure it followed, and rank 1, still
   // tearing down, was stopped by the launcher and reported as a consequence of rank 0.
   expect_first_failure_is_the_root_cause(700);
+}
+
+TEST(LaunchTextTest, SecondsAreExactToTheMillisecondAndIdsAreAList) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(ddp::detail::seconds_value(milliseconds(1500)), "1.5");
+  EXPECT_EQ(ddp::detail::seconds_value(milliseconds(30000)), "30");
+  EXPECT_EQ(ddp::detail::seconds_value(milliseconds(5)), "0.005");
+  EXPECT_EQ(ddp::detail::seconds_value(milliseconds(1234567)), "1234.567");  // (a double through a stream: 1234.57)
+  EXPECT_EQ(ddp::detail::seconds_value(milliseconds(0)), "0");
+  EXPECT_EQ(ddp::detail::id_list({0, 2, 3}), "0,2,3");
+  EXPECT_EQ(ddp::detail::id_list({}), "");
 }
 
 /// Starts `script` under /bin/sh in a process group of its own, as ddp-launch starts a worker.

@@ -156,6 +156,8 @@ TEST_F(GlobalBatchTest, BadCombinationsAreOneLineBeforeTraining) {
   expect_refused(uneven, "--global-batch-size 32 does not split evenly among 3 processes");
   EXPECT_EQ(uneven.out.find("per process"), std::string::npos)
       << "a header with a rounded-down split: " << uneven.describe();
+  // Every rank refuses it on its own, before any collective: none fails for want of a peer.
+  EXPECT_EQ(uneven.err.find("peer process"), std::string::npos) << uneven.describe();
   expect_refused(example_test::run_process(spawn(1, {"--batch-size", "16"})),
                  "--batch-size excludes --global-batch-size");
   expect_refused(example_test::run_process(with(spawn(1, {}), "--limit-train", "16")),
