@@ -15,12 +15,12 @@
 #
 # Time on the 2-core VM (2026-12-03, one epoch of 60,000 images at global batch 128): FP32 ~45 s, bf16 O1-O3 ~31 s,
 # O2 + FP8 ~40 s, DDP 2 ranks ~65 s, 4 ranks ~90 s, SyncBatchNorm 2 ranks ~75 s, but fp16 ~260 s (this CPU has no
-# fp16 arithmetic: LibTorch emulates it). The default (2 epochs, 3 seeds) is ~51 min without the two fp16
-# configurations and ~52 min more with them: run them in a second sitting (--configs). The table always sums up
-# every configuration's records so far, whichever --configs this sitting ran.
+# fp16 arithmetic: LibTorch emulates it). The default recipe (1 epoch, 3 seeds) is ~26 min without the two fp16
+# configurations and ~52 min with them, within the hour the table may take on this machine; --epochs 2 doubles it.
+# It can run in sittings (--configs): the table always sums up every configuration's records so far.
 set -euo pipefail
 me=validate_accuracy.sh
-usage="Usage: benchmarks/$me [--quick] [--seeds N] [--epochs E] [--configs NAME,...] [--out DIR] [--build DIR] [--data DIR] [--list]"
+usage="Usage: benchmarks/$me [--quick] [--seeds N] [--epochs E] [--configs NAME,...] [--out DIR] [--build DIR] [--data DIR] [--device D] [--list]"
 fail() { echo "$me: $*" >&2; exit 2; }
 positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || fail "$1 must be a positive integer, got '$2'"; }
 
@@ -44,7 +44,7 @@ IFS=, read -r -a all <<<"$all_names"
 # The table's line of configuration $1 (exact name), empty when there is none.
 config_line() { awk -F'|' -v name="$1" '$1 == name' <<<"$configs_table"; }
 
-quick=0 seeds=3 epochs=2 configs=$all_names out="" build=${BUILD_DIR:-build} data=""
+quick=0 seeds=3 epochs=1 configs=$all_names out="" build=${BUILD_DIR:-build} data="" device=cpu
 while (($#)); do
   case $1 in
     --quick) quick=1 ;;
@@ -54,6 +54,7 @@ while (($#)); do
     --out) [[ $# -ge 2 ]] || fail "--out needs a value"; out=$2; shift ;;
     --build) [[ $# -ge 2 ]] || fail "--build needs a value"; build=$2; shift ;;
     --data) [[ $# -ge 2 ]] || fail "--data needs a value"; data=$2; shift ;;
+    --device) [[ $# -ge 2 ]] || fail "--device needs a value"; device=$2; shift ;;
     --list) awk -F'|' 'NF {printf "%-14s %d process(es)  %-40s %s\n", $1, $2, $3, $4}' <<<"$configs_table"; exit 0 ;;
     -h | --help) echo "$usage"; exit 0 ;;
     *) fail "unknown argument '$1' ($usage)" ;;
@@ -66,14 +67,17 @@ for name in "${chosen[@]}"; do
   [[ -n $(config_line "$name") ]] || fail "--configs: no configuration '$name' (one of: $all_names)"
 done
 # (--quick keeps its outputs apart from the real table's.)
-[[ -n $out ]] || out=benchmarks/results/validation$( ((quick)) && echo -quick)
+if [[ -z $out ]]; then
+  out=benchmarks/results/validation
+  ((quick == 0)) || out+=-quick
+fi
 
 # The recipe: the example's SGD (momentum 0.9), one global batch for every process count, the data's own order.
 global_batch=128
-recipe=(--device cpu --global-batch-size "$global_batch" --lr 0.05 --epochs "$epochs" --quiet)
+recipe=(--device "$device" --global-batch-size "$global_batch" --lr 0.05 --epochs "$epochs" --quiet)
 if ((quick)); then
   seeds=1
-  recipe=(--device cpu --global-batch-size 64 --lr 0.05 --epochs 1 --limit-train 512 --quiet)
+  recipe=(--device "$device" --global-batch-size 64 --lr 0.05 --epochs 1 --limit-train 512 --quiet)
 fi
 [[ -n $data ]] && recipe+=(--data "$data")
 

@@ -41,4 +41,8 @@ check '((status == 2)) && [[ $bad == "validate_accuracy.sh: --seeds must be a po
   "a bad --seeds is not one line with status 2: $status $bad"
 bad=$(bash "$script" --configs fp32,nope --build "$build" 2>&1)
 check '[[ $bad == *"--configs: no configuration '"'"'nope'"'"'"* ]]' "an unknown configuration is not named: $bad"
+bad=$(bash "$script" --build /nonexistent 2>&1)  # (the default --out on the way)
+status=$?
+check '((status == 2)) && [[ $bad == *"/nonexistent/ddp/ddp-launch is missing"* ]]' \
+  "a missing build is not one line with status 2: $status $bad"
 echo "validate_accuracy.sh --quick: all $configs configurations ran, the outputs were written, the second run resumed"
