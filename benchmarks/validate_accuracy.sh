@@ -13,10 +13,11 @@
 #
 # Outputs in <out>: validation.md (the recipe, the table), validation.csv, validation.png (gnuplot, when installed).
 #
-# Time on the 2-core VM (2026-12-03, one epoch of 60,000 images at global batch 128): FP32 ~45 s, bf16 O1-O3 ~31 s,
-# O2 + FP8 ~40 s, DDP 2 ranks ~65 s, 4 ranks ~90 s, SyncBatchNorm 2 ranks ~75 s, but fp16 ~260 s (this CPU has no
-# fp16 arithmetic: LibTorch emulates it). The default recipe (1 epoch, 3 seeds) is ~26 min without the two fp16
-# configurations and ~52 min with them, within the hour the table may take on this machine; --epochs 2 doubles it.
+# Time on the 2-core AMD EPYC VM (2026-12-03, idle, RESULTS.md), one run of one epoch of 60,000 images at global
+# batch 128, start and test included: FP32 ~35 s, bf16 O1-O3 23-26 s, O2 + FP8 26 s, ZeRO 27-29 s, DDP 2 ranks 38 s,
+# 4 ranks 44 s, SyncBatchNorm 2 ranks 39 s, but fp16 ~210 s (this CPU has no fp16 arithmetic: LibTorch emulates it).
+# The default recipe (1 epoch, 3 seeds) took 17 min without the two fp16 configurations and 24 min more for them,
+# within the hour the table may take on this machine; --epochs 2 doubles it.
 # It can run in sittings (--configs): the table always sums up every configuration's records so far.
 set -euo pipefail
 me=validate_accuracy.sh
