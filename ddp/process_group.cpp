@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <shared_mutex>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -431,6 +432,28 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 }
 #endif
 
+// PyTorch 2.11's flight recorder (c10d::FlightRecorder, on by default) adds a group to a process-wide std::map on the
+// group's first collective without taking its own lock (recordWithResetEnabled, all_pg_status_), and looks the group
+// up there on every later one. Several groups in one process (ranks as threads: the GPU check and its CPU twins)
+// that issue collectives at once corrupt that map: a rare SIGSEGV in std::_Rb_tree_insert_and_rebalance. So each Gloo
+// group issues its first collective (a barrier, in init_process_group) holding this lock alone, and every later Gloo
+// collective is issued holding it shared. Issuing only enqueues (Gloo runs collectives on its own threads): the lock
+// is never held while waiting for a peer. NCCL is left out: its first collective builds the communicator, which
+// waits for every rank, and its recorder is a separate instance.
+std::shared_mutex& flight_recorder_mutex() {
+  static std::shared_mutex mutex;
+  return mutex;
+}
+
+/// Runs `issue_collective` (a call that enqueues a collective on `backend`) under flight_recorder_mutex where it
+/// applies.
+template <class Issue>
+c10::intrusive_ptr<c10d::Work> issue(const std::string& backend, Issue&& issue_collective) {
+  if (backend != "gloo") return issue_collective();
+  const std::shared_lock<std::shared_mutex> lock(flight_recorder_mutex());
+  return issue_collective();
+}
+
 }  // namespace
 
 bool backend_available(const std::string& backend) {
@@ -457,7 +480,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  return backend_->allreduce(tensors, options);
+  return issue(backend_name_, [&] { return backend_->allreduce(tensors, options); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_sum_async(at::Tensor& output, at::Tensor& input) const {
@@ -465,7 +488,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_sum_async(at::Tensor
               " elements, expected ", size(), " x ", output.numel());
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  return backend_->_reduce_scatter_base(output, input, options);
+  return issue(backend_name_, [&] { return backend_->_reduce_scatter_base(output, input, options); });
 }
 
 void ProcessGroup::allgather_into(at::Tensor& output, at::Tensor& input) const {
@@ -475,7 +498,7 @@ void ProcessGroup::allgather_into(at::Tensor& output, at::Tensor& input) const {
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_async(at::Tensor& output, at::Tensor& input) const {
   TORCH_CHECK(output.numel() == input.numel() * size(), "allgather: output has ", output.numel(),
               " elements, expected ", size(), " x ", input.numel());
-  return backend_->_allgather_base(output, input);
+  return issue(backend_name_, [&] { return backend_->_allgather_base(output, input); });
 }
 
 void ProcessGroup::allreduce_sum_(at::Tensor& tensor, const std::string& what) const {
@@ -488,7 +511,7 @@ void ProcessGroup::allreduce_max_(at::Tensor& tensor, const std::string& what) c
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::MAX;
-  wait(backend_->allreduce(tensors, options), what);
+  wait(issue(backend_name_, [&] { return backend_->allreduce(tensors, options); }), what);
 }
 
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
@@ -509,18 +532,20 @@ void ProcessGroup::broadcast_(at::Tensor& tensor, int root) const {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  wait(backend_->broadcast(tensors, options), "broadcast");
+  wait(issue(backend_name_, [&] { return backend_->broadcast(tensors, options); }), "broadcast");
 }
 
 std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) const {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
   std::vector<at::Tensor> inputs{tensor};
-  wait(backend_->allgather(outputs, inputs), "allgather");
+  wait(issue(backend_name_, [&] { return backend_->allgather(outputs, inputs); }), "allgather");
   return outputs[0];
 }
 
-void ProcessGroup::barrier() const { wait(backend_->barrier(), "barrier"); }
+void ProcessGroup::barrier() const {
+  wait(issue(backend_name_, [&] { return backend_->barrier(); }), "barrier");
+}
 
 ProcessGroup init_process_group(const InitOptions& options) {
   const std::string& backend = options.backend();
@@ -547,7 +572,16 @@ ProcessGroup init_process_group(const InitOptions& options) {
                 rdzv.world_size, " ranks met at ", master_name(rdzv), " within ", rdzv.collective_timeout.count(),
                 " ms. Cause: ", detail::message_of(e));
   }
-  return ProcessGroup(std::move(store), std::move(pg), backend, rdzv.collective_timeout, device);
+  ProcessGroup group(std::move(store), std::move(pg), backend, rdzv.collective_timeout, device);
+  if (backend == "gloo") {  // the group's first collective, issued alone: see flight_recorder_mutex
+    c10::intrusive_ptr<c10d::Work> first;
+    {
+      const std::unique_lock<std::shared_mutex> lock(flight_recorder_mutex());
+      first = group.backend()->barrier();
+    }
+    group.wait(first, "the first barrier of init_process_group");
+  }
+  return group;
 }
 
 ProcessGroup init_process_group(const LaunchEnv& env, const std::string& backend,
