@@ -51,7 +51,8 @@ TORCH_MODULE(TinyTransformer);
 /// `num_sequences` sequences of seq_len + 1 tokens from a fixed random bigram rule (each token has one likely
 /// successor, taken with probability `rule_probability`, else a uniform token), so next-token loss can fall
 /// well below log(vocab_size). Deterministic in `seed`; int64 on the CPU.
+constexpr double kBigramRuleProbability = 0.875;
 torch::Tensor synthetic_token_sequences(int64_t num_sequences, int64_t seq_len, int64_t vocab_size, uint64_t seed,
-                                        double rule_probability = 0.875);
+                                        double rule_probability = kBigramRuleProbability);
 
 }  // namespace bench

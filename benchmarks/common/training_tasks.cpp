@@ -1,6 +1,7 @@
 #include "common/training_tasks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -170,6 +171,27 @@ double TransformerTask::accuracy(const ForwardFn& forward) const {
     correct += logits.argmax(-1).eq(rows.slice(1, 1, seq + 1)).sum();
   }
   return static_cast<double>(correct.item<int64_t>()) / static_cast<double>(n * seq);
+}
+
+double TransformerTask::held_out_loss(const ForwardFn& forward) const {
+  const int64_t seq = settings_.model.seq_len();
+  auto sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+  const int64_t n = eval_tokens_.size(0);
+  for (int64_t begin = 0; begin < n; begin += settings_.batch_size) {
+    auto rows = eval_tokens_.slice(0, begin, std::min(n, begin + settings_.batch_size));
+    auto logits = forward(rows.slice(1, 0, seq)).to(torch::kFloat);
+    sum += torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), rows.slice(1, 1, seq + 1).reshape({-1}), {},
+                                     at::Reduction::Sum)
+               .to(torch::kDouble);
+  }
+  return sum.item<double>() / static_cast<double>(n * seq);
+}
+
+double TransformerTask::loss_floor() const {
+  const double v = static_cast<double>(settings_.model.vocab_size());
+  const double other = (1.0 - kBigramRuleProbability) / v;
+  const double rule = kBigramRuleProbability + other;
+  return -rule * std::log(rule) - (v - 1) * other * std::log(other);
 }
 
 }  // namespace bench

@@ -2,7 +2,8 @@
 # benchmarks/validate_accuracy.sh --quick as CI's smoke test of the program (issue 26): every configuration trains
 # its few steps and is recorded, the table, CSV and plot are written, and a second run resumes (it runs nothing and
 # says each run was recorded before). It asserts only that the program runs and writes its outputs: the accuracy of
-# a few steps says nothing. Skipped (77) where Fashion-MNIST is not installed.
+# a few steps says nothing. Then the same for --task transformer (its held-out loss; no data set needed). Skipped (77)
+# where Fashion-MNIST is not installed.
 # Usage: validate_accuracy_quick_test.sh SOURCE_DIR BUILD_DIR OUT_DIR
 set -uo pipefail
 src=$1 build=$2 out=$3
@@ -33,7 +34,24 @@ second=$(bash "$script" --quick --build "$build" --out "$out" 2>&1)
 status=$?
 check '((status == 0))' "the second run ended with status $status: $second"
 check '[[ $(grep -c "recorded before" <<<"$second") -eq $configs ]]' "the second run did not resume: $second"
-check '! grep -q "test accuracy .*%, mean loss" <<<"$second"' "the second run trained again: $second"
+check '! grep -q "test accuracy .*%, last-epoch loss" <<<"$second"' "the second run trained again: $second"
+
+# The transformer: every configuration (SyncBatchNorm excepted) gives a held-out loss; its outputs go elsewhere.
+tout=$out-transformer
+rm -rf "$tout"
+first=$(bash "$script" --task transformer --quick --build "$build" --out "$tout" 2>&1)
+status=$?
+echo "$first"
+check '((status == 0))' "the transformer's first run ended with status $status"
+tconfigs=$(bash "$script" --task transformer --list | wc -l)
+check '((tconfigs == configs - 1)) && ! bash "$script" --task transformer --list | grep -q syncbn' \
+  "the transformer's configurations are not the CNN's without SyncBatchNorm"
+check '[[ $(grep -cE "seed 1: held-out loss [0-9.]+, next-token accuracy [0-9.]+%" <<<"$first") -eq $tconfigs ]]' \
+  "not every one of the transformer's $tconfigs configurations ran"
+check '[[ $(($(wc -l <"$tout/validation.csv") - 1)) -eq $tconfigs ]] && grep -q "held-out loss (mean)" "$tout/validation.md"' \
+  "no transformer table and CSV with a row per configuration in $tout"
+second=$(bash "$script" --task transformer --quick --build "$build" --out "$tout" 2>&1)
+check '[[ $(grep -c "recorded before (held-out loss" <<<"$second") -eq $tconfigs ]]' "the transformer's second run did not resume: $second"
 
 bad=$(bash "$script" --seeds 0 2>&1)
 status=$?
@@ -45,4 +63,9 @@ bad=$(bash "$script" --build /nonexistent 2>&1)  # (the default --out on the way
 status=$?
 check '((status == 2)) && [[ $bad == *"/nonexistent/ddp/ddp-launch is missing"* ]]' \
   "a missing build is not one line with status 2: $status $bad"
-echo "validate_accuracy.sh --quick: all $configs configurations ran, the outputs were written, the second run resumed"
+bad=$(bash "$script" --task transformer --epochs 2 2>&1)
+status=$?
+check '((status == 2)) && [[ $bad == *"--epochs is for --task cnn (the transformer takes --steps)" ]]' \
+  "--epochs with the transformer is not one line with status 2: $status $bad"
+echo "validate_accuracy.sh --quick: all $configs CNN and $tconfigs transformer configurations ran, the outputs were" \
+  "written, the second runs resumed"

@@ -1,0 +1,151 @@
+// The tiny transformer's half of the accuracy validation (issue 26, benchmarks/validate_accuracy.sh --task
+// transformer): trains benchmarks/common's TinyTransformer on its synthetic bigram tokens under one precision and
+// parallel configuration and prints the held-out next-token loss, next to the lowest loss any model can reach on
+// that data (the bigram rule's entropy). Started like amp_ddp, by a launcher (one process: FP32 and the
+// precision configurations; 2 or 4: DDP and ZeRO):
+//   ddp-launch --nproc-per-node 2 bench_validate_transformer --opt-level O2 --dtype bf16 --zero 1 --seed 1
+// The recipe: --steps steps of --global-batch-size sequences (split evenly among the processes, so every process
+// count takes the same sequences per step), amp::FusedAdamW (torch's AdamW: weight decay 0.01) at a constant --lr.
+// The sequences, their order and the initial weights follow from --seed alone.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <amp/amp.h>
+#include <amp/optim/fused_optimizers.h>
+#include <ddp/distributed_data_parallel.h>
+#include <fmt/format.h>
+
+#include "common/ddp_worker.h"
+#include "common/training_tasks.h"
+
+namespace {
+
+struct Flags {
+  std::string opt_level = "O0";
+  std::string dtype = "bf16";
+  std::string fp8 = "off";
+  int zero = 0;
+  int64_t steps = 600;
+  int64_t global_batch_size = 32;
+  double lr = 1e-3;
+  uint64_t seed = 1;
+  int64_t eval_sequences = 512;
+  std::string device = "auto";
+  int local_rank = 0;  // the legacy launcher's --local_rank
+};
+
+constexpr double kWeightDecay = 1e-2;  // torch.optim.AdamW's default
+constexpr int kProgressLines = 5;      // rank 0 prints the mean loss this many times in a run
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  CLI::App app{"TinyTransformer held-out loss under one amp / DDP / ZeRO configuration (started by ddp-launch)"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--opt-level", flags.opt_level, "O0 (fp32), O1 (autocast), O2 (half model, fp32 masters), O3")
+      ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}));
+  app.add_option("--dtype", flags.dtype, "Half dtype of O1-O3: fp16 or bf16")->check(CLI::IsMember({"fp16", "bf16"}));
+  app.add_option("--fp8", flags.fp8, "FP8 GEMMs in the Float8Linear layers (O1/O2): off, delayed or current")
+      ->check(CLI::IsMember({"off", "delayed", "current"}));
+  app.add_option("--zero", flags.zero, "ZeRO stage: 0, 1 or 2")->check(CLI::IsMember({0, 1, 2}));
+  app.add_option("--steps", flags.steps, "Optimizer steps");
+  app.add_option("--global-batch-size", flags.global_batch_size, "Sequences per step, all processes together");
+  app.add_option("--lr", flags.lr, "AdamW learning rate (constant)");
+  app.add_option("--seed", flags.seed, "Seed of the data, its order and the initial weights");
+  app.add_option("--eval-sequences", flags.eval_sequences, "Held-out sequences scored after training");
+  app.add_option("--device", flags.device, "auto, cpu, cuda or cuda:N");
+  examples::add_local_rank_flag(app, flags.local_rank);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
+
+  return examples::run_main("validate_transformer", [&] {
+    examples::require_positive("--steps", flags.steps);
+    examples::require_positive("--global-batch-size", flags.global_batch_size);
+    examples::require_positive("--eval-sequences", flags.eval_sequences);
+    if (!(flags.lr > 0 && std::isfinite(flags.lr))) {
+      throw std::invalid_argument(fmt::format("--lr must be positive and finite, got {}", flags.lr));
+    }
+    if (flags.fp8 != "off" && (flags.opt_level == "O0" || flags.opt_level == "O3")) {
+      throw std::invalid_argument(
+          fmt::format("--fp8 {} needs --opt-level O1 or O2, got {}", flags.fp8, flags.opt_level));
+    }
+    const int local_rank = examples::local_rank_from_launcher(argc, argv, "bench_validate_transformer");
+    const torch::Device device = examples::pick_device(flags.device, local_rank);
+
+    bench::TransformerTask::Settings settings;
+    settings.steps = flags.steps;
+    settings.batch_size = flags.global_batch_size;
+    settings.eval_sequences = flags.eval_sequences;
+    settings.lr = flags.lr;
+    settings.seed = flags.seed;
+    const bench::TransformerTask task(settings, device);
+    auto net = task.make_model();  // seeded: every rank starts from the same weights
+    amp::FusedAdamW inner(net->parameters(), amp::FusedAdamOptions(flags.lr).weight_decay(kWeightDecay));
+    auto options = amp::Options()
+                       .opt_level(amp::parse_opt_level(flags.opt_level))
+                       .half_dtype(flags.dtype == "fp16" ? at::kHalf : at::kBFloat16);
+    if (flags.fp8 != "off") {
+      options.fp8(
+          amp::Fp8Recipe().scaling(flags.fp8 == "current" ? amp::Fp8Scaling::kCurrent : amp::Fp8Scaling::kDelayed));
+    }
+    auto initialized = amp::initialize(net, inner, options);
+    auto& model = initialized.model;
+    auto& optimizer = initialized.optimizer;
+
+    ddp::InitOptions init;
+    if (device.is_cuda()) init.cuda_device(device.index());
+    ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
+    const int world = group.size();
+    const int rank = group.rank();
+    if (flags.global_batch_size % world != 0) {
+      throw std::invalid_argument(fmt::format("--global-batch-size {} does not split evenly among {} processes",
+                                              flags.global_batch_size, world));
+    }
+    const int64_t per_rank = flags.global_batch_size / world;
+    ddp::DistributedDataParallel ddp(net, group);
+    optimizer.attach(ddp, static_cast<amp::ZeroStage>(flags.zero));
+    if (rank == 0) {
+      fmt::print("{} process(es) ({}), device {} on rank 0 | {} {}{}{} | {}\n", world, group.backend_name(),
+                 device.str(), flags.opt_level, flags.opt_level == "O0" ? "fp32" : flags.dtype,
+                 flags.fp8 != "off" ? " + FP8 " + flags.fp8 : "",
+                 flags.zero ? fmt::format(" | ZeRO {}", flags.zero) : "", task.description());
+    }
+
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+    int64_t summed = 0;
+    const int64_t report_every = std::max<int64_t>(1, flags.steps / kProgressLines);
+    for (int64_t step = 0; step < flags.steps; ++step) {
+      const bench::Batch whole = task.batch(step);
+      const bench::Batch mine{whole.input.narrow(0, rank * per_rank, per_rank),
+                              whole.target.narrow(0, rank * per_rank, per_rank)};
+      optimizer.zero_grad();
+      auto logits = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, mine.input);
+      auto loss = task.loss(logits.to(torch::kFloat), mine);
+      {
+        auto scaled = amp::scale_loss(loss, optimizer);
+        scaled.backward();
+      }
+      optimizer.step();
+      loss_sum += loss.detach().to(torch::kDouble);  // no host sync until the report
+      ++summed;
+      if (rank == 0 && (step + 1) % report_every == 0) {
+        fmt::print("step {}/{}: mean training loss {:.4f} (rank 0's batches since the last line)\n", step + 1,
+                   flags.steps, loss_sum.item<double>() / static_cast<double>(summed));
+        loss_sum.zero_();
+        summed = 0;
+      }
+    }
+    if (rank == 0) {
+      torch::NoGradGuard no_grad;
+      net->eval();
+      const auto forward = [&](const torch::Tensor& x) { return model.forward(x).to(torch::kFloat); };
+      const double held_out = task.held_out_loss(forward);
+      const double accuracy = task.accuracy(forward);
+      const auto diagnostics = optimizer.scaler().diagnostics_now();
+      fmt::print("held-out loss {:.4f} | next-token accuracy {:.2f}% | loss floor {:.4f} | skipped steps {}\n",
+                 held_out, 100.0 * accuracy, task.loss_floor(), diagnostics.skipped_steps);
+    }
+    group.barrier();
+  });
+}
