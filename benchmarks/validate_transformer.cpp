@@ -140,11 +140,10 @@ int main(int argc, char** argv) {
       torch::NoGradGuard no_grad;
       net->eval();
       const auto forward = [&](const torch::Tensor& x) { return model.forward(x).to(torch::kFloat); };
-      const double held_out = task.held_out_loss(forward);
-      const double accuracy = task.accuracy(forward);
+      const auto held_out = task.held_out(forward);
       const auto diagnostics = optimizer.scaler().diagnostics_now();
       fmt::print("held-out loss {:.4f} | next-token accuracy {:.2f}% | loss floor {:.4f} | skipped steps {}\n",
-                 held_out, 100.0 * accuracy, task.loss_floor(), diagnostics.skipped_steps);
+                 held_out.loss, 100.0 * held_out.accuracy, task.loss_floor(), diagnostics.skipped_steps);
     }
     group.barrier();
   });

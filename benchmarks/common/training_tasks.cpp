@@ -161,30 +161,24 @@ torch::Tensor TransformerTask::loss(const torch::Tensor& logits, const Batch& ba
   return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}));
 }
 
-double TransformerTask::accuracy(const ForwardFn& forward) const {
+double TransformerTask::accuracy(const ForwardFn& forward) const { return held_out(forward).accuracy; }
+
+TransformerTask::HeldOut TransformerTask::held_out(const ForwardFn& forward) const {
   const int64_t seq = settings_.model.seq_len();
   auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+  auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   const int64_t n = eval_tokens_.size(0);
   for (int64_t begin = 0; begin < n; begin += settings_.batch_size) {
     auto rows = eval_tokens_.slice(0, begin, std::min(n, begin + settings_.batch_size));
-    auto logits = forward(rows.slice(1, 0, seq));
-    correct += logits.argmax(-1).eq(rows.slice(1, 1, seq + 1)).sum();
+    const auto logits = forward(rows.slice(1, 0, seq)).to(torch::kFloat);
+    const auto target = rows.slice(1, 1, seq + 1);
+    correct += logits.argmax(-1).eq(target).sum();
+    loss_sum +=
+        torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), {}, at::Reduction::Sum)
+            .to(torch::kDouble);
   }
-  return static_cast<double>(correct.item<int64_t>()) / static_cast<double>(n * seq);
-}
-
-double TransformerTask::held_out_loss(const ForwardFn& forward) const {
-  const int64_t seq = settings_.model.seq_len();
-  auto sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
-  const int64_t n = eval_tokens_.size(0);
-  for (int64_t begin = 0; begin < n; begin += settings_.batch_size) {
-    auto rows = eval_tokens_.slice(0, begin, std::min(n, begin + settings_.batch_size));
-    auto logits = forward(rows.slice(1, 0, seq)).to(torch::kFloat);
-    sum += torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), rows.slice(1, 1, seq + 1).reshape({-1}), {},
-                                     at::Reduction::Sum)
-               .to(torch::kDouble);
-  }
-  return sum.item<double>() / static_cast<double>(n * seq);
+  const auto tokens = static_cast<double>(n * seq);
+  return {loss_sum.item<double>() / tokens, static_cast<double>(correct.item<int64_t>()) / tokens};
 }
 
 double TransformerTask::loss_floor() const {

@@ -97,8 +97,12 @@ class TransformerTask {
   torch::Tensor loss(const torch::Tensor& logits, const Batch& batch) const;
   /// Next-token accuracy in [0, 1] on held-out sequences.
   double accuracy(const ForwardFn& forward) const;
-  /// Mean next-token cross-entropy (nats) on the held-out sequences.
-  double held_out_loss(const ForwardFn& forward) const;
+  /// On the held-out sequences: the mean next-token cross-entropy (nats) and the next-token accuracy in [0, 1].
+  struct HeldOut {
+    double loss = 0;
+    double accuracy = 0;
+  };
+  HeldOut held_out(const ForwardFn& forward) const;
   /// The lowest mean next-token cross-entropy any model can reach on this data: the entropy of the bigram rule's
   /// next-token distribution (synthetic_token_sequences: the rule's successor with probability p + (1 - p) / V, each
   /// other token (1 - p) / V).
