@@ -16,7 +16,8 @@
 # --task transformer does the same for benchmarks/common's tiny transformer (bench_validate_transformer, synthetic
 # bigram tokens): its held-out next-token loss instead of test accuracy, the same configurations but SyncBatchNorm
 # (the transformer has no BatchNorm), into benchmarks/results/validation-transformer. One run of its recipe (200
-# steps of 32 sequences) took 13 s in FP32 and ~230 s in fp16 (emulated) here; the whole table about 35 min.
+# steps of 32 sequences, 4096 held-out sequences) took 14-17 s in FP32 and bf16, 40 s with FP8, 16-26 s on 2 and 4
+# processes, but ~250 s in fp16 (emulated); the whole table (3 seeds) 36 min on the same idle machine (2026-12-04).
 #
 # Time on the 2-core AMD EPYC VM (2026-12-03, idle, RESULTS.md), one run of one epoch of 60,000 images at global
 # batch 128, start and test included: FP32 ~35 s, bf16 O1-O3 23-26 s, O2 + FP8 26 s, ZeRO 27-29 s, DDP 2 ranks 38 s,
@@ -105,10 +106,13 @@ if [[ $task == cnn ]]; then
   title="amp_ddp on Fashion-MNIST"
 else
   [[ -z $data ]] || fail "--data is for --task cnn (the transformer's tokens are generated from --seed)"
-  # AdamW (weight decay 0.01) at a constant lr 1e-3; the held-out loss levels off after ~100 steps (RESULTS.md).
+  # AdamW (weight decay 0.01), peak lr 1e-3 after a warmup of a tenth of the steps, cosine decay to 0; 4096
+  # held-out sequences (RESULTS.md).
+  steps=${steps:-200}
+  ((steps >= 3)) || fail "--steps must be at least 3 for the transformer (warmup, then decay), got $steps"
   program=$build/benchmarks/bench_validate_transformer
-  recipe=(--device "$device" --global-batch-size 32 --lr 1e-3 --steps "${steps:-200}")
-  ((quick == 0)) || recipe=(--device "$device" --global-batch-size 8 --lr 1e-3 --steps 8 --eval-sequences 16)
+  recipe=(--device "$device" --global-batch-size 32 --lr 1e-3 --warmup-steps $((steps / 10)) --steps "$steps" --eval-sequences 4096)
+  ((quick == 0)) || recipe=(--device "$device" --global-batch-size 8 --lr 1e-3 --warmup-steps 2 --steps 8 --eval-sequences 16)
   metric="held-out loss" second="next-token accuracy %" metric_format=%.4f second_format=%.2f
   title="the tiny transformer (bench_validate_transformer) on synthetic bigram tokens"
 fi

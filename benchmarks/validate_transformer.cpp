@@ -5,15 +5,21 @@
 // precision configurations; 2 or 4: DDP and ZeRO):
 //   ddp-launch --nproc-per-node 2 bench_validate_transformer --opt-level O2 --dtype bf16 --zero 1 --seed 1
 // The recipe: --steps steps of --global-batch-size sequences (split evenly among the processes, so every process
-// count takes the same sequences per step), amp::FusedAdamW (torch's AdamW: weight decay 0.01) at a constant --lr.
-// The sequences, their order and the initial weights follow from --seed alone.
+// count takes the same sequences per step), amp::FusedAdamW (torch's AdamW: weight decay 0.01) with the usual
+// transformer schedule: --lr reached linearly over the first --warmup-steps, then a cosine decay to 0 at the last
+// step (a constant rate left the held-out loss wandering by +-0.02 from one step count to the next, which would have
+// been read as differences between configurations). The sequences, their order and the initial weights follow from
+// --seed alone.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include <amp/amp.h>
 #include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/progress.h>
 #include <fmt/format.h>
 
 #include "common/ddp_worker.h"
@@ -29,14 +35,26 @@ struct Flags {
   int64_t steps = 600;
   int64_t global_batch_size = 32;
   double lr = 1e-3;
+  int64_t warmup_steps = 20;
   uint64_t seed = 1;
-  int64_t eval_sequences = 512;
+  int64_t eval_sequences = 4096;
   std::string device = "auto";
   int local_rank = 0;  // the legacy launcher's --local_rank
 };
 
 constexpr double kWeightDecay = 1e-2;  // torch.optim.AdamW's default
 constexpr int kProgressLines = 5;      // rank 0 prints the mean loss this many times in a run
+
+/// The learning rate of step `step` (0-based) of `steps`: linear warmup to `peak` over `warmup` steps (step s, 1-based,
+/// gets peak * s / warmup), then cosine decay: step s > warmup gets peak * (1 + cos(pi * (s - warmup) / (steps -
+/// warmup))) / 2, which reaches 0 at the last step.
+double scheduled_lr(double peak, int64_t step, int64_t steps, int64_t warmup) {
+  if (step < warmup) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double span = static_cast<double>(std::max<int64_t>(1, steps - warmup));
+  const double progress = static_cast<double>(step - warmup + 1) / span;
+  const double pi = std::acos(-1.0);
+  return peak * 0.5 * (1.0 + std::cos(pi * std::min(1.0, progress)));
+}
 
 }  // namespace
 
@@ -52,17 +70,23 @@ int main(int argc, char** argv) {
   app.add_option("--zero", flags.zero, "ZeRO stage: 0, 1 or 2")->check(CLI::IsMember({0, 1, 2}));
   app.add_option("--steps", flags.steps, "Optimizer steps");
   app.add_option("--global-batch-size", flags.global_batch_size, "Sequences per step, all processes together");
-  app.add_option("--lr", flags.lr, "AdamW learning rate (constant)");
+  app.add_option("--lr", flags.lr, "AdamW's peak learning rate");
+  app.add_option("--warmup-steps", flags.warmup_steps, "Steps of linear warmup to --lr (then cosine decay to 0)");
   app.add_option("--seed", flags.seed, "Seed of the data, its order and the initial weights");
   app.add_option("--eval-sequences", flags.eval_sequences, "Held-out sequences scored after training");
   app.add_option("--device", flags.device, "auto, cpu, cuda or cuda:N");
   examples::add_local_rank_flag(app, flags.local_rank);
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
-  return examples::run_main("validate_transformer", [&] {
+  return examples::run_main("bench_validate_transformer", [&] {
     examples::require_positive("--steps", flags.steps);
     examples::require_positive("--global-batch-size", flags.global_batch_size);
     examples::require_positive("--eval-sequences", flags.eval_sequences);
+    // (At least two steps after the warmup: the last one's rate is 0.)
+    if (flags.warmup_steps < 0 || flags.warmup_steps > flags.steps - 2) {
+      throw std::invalid_argument(fmt::format("--warmup-steps must lie in [0, --steps - 2] = [0, {}], got {}",
+                                              flags.steps - 2, flags.warmup_steps));
+    }
     if (!(flags.lr > 0 && std::isfinite(flags.lr))) {
       throw std::invalid_argument(fmt::format("--lr must be positive and finite, got {}", flags.lr));
     }
@@ -71,6 +95,12 @@ int main(int argc, char** argv) {
           fmt::format("--fp8 {} needs --opt-level O1 or O2, got {}", flags.fp8, flags.opt_level));
     }
     const int local_rank = examples::local_rank_from_launcher(argc, argv, "bench_validate_transformer");
+    // Refused before anything is built: every rank sees the same WORLD_SIZE, so every rank says it.
+    const int64_t world = ddp::launch_env_from_environment().world_size;
+    if (flags.global_batch_size % world != 0) {
+      throw std::invalid_argument(fmt::format("--global-batch-size {} does not split evenly among {} processes",
+                                              flags.global_batch_size, world));
+    }
     const torch::Device device = examples::pick_device(flags.device, local_rank);
 
     bench::TransformerTask::Settings settings;
@@ -96,20 +126,15 @@ int main(int argc, char** argv) {
     ddp::InitOptions init;
     if (device.is_cuda()) init.cuda_device(device.index());
     ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
-    const int world = group.size();
     const int rank = group.rank();
-    if (flags.global_batch_size % world != 0) {
-      throw std::invalid_argument(fmt::format("--global-batch-size {} does not split evenly among {} processes",
-                                              flags.global_batch_size, world));
-    }
     const int64_t per_rank = flags.global_batch_size / world;
     ddp::DistributedDataParallel ddp(net, group);
     optimizer.attach(ddp, static_cast<amp::ZeroStage>(flags.zero));
     if (rank == 0) {
-      fmt::print("{} process(es) ({}), device {} on rank 0 | {} {}{}{} | {}\n", world, group.backend_name(),
-                 device.str(), flags.opt_level, flags.opt_level == "O0" ? "fp32" : flags.dtype,
-                 flags.fp8 != "off" ? " + FP8 " + flags.fp8 : "",
-                 flags.zero ? fmt::format(" | ZeRO {}", flags.zero) : "", task.description());
+      fmt::print("{} process(es) ({}), device {} on rank 0 | {} {}{}{} | {} (peak), {} warmup steps, cosine decay\n",
+                 world, group.backend_name(), device.str(), flags.opt_level,
+                 flags.opt_level == "O0" ? "fp32" : flags.dtype, flags.fp8 != "off" ? " + FP8 " + flags.fp8 : "",
+                 flags.zero ? fmt::format(" | ZeRO {}", flags.zero) : "", task.description(), flags.warmup_steps);
     }
 
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
@@ -119,6 +144,10 @@ int main(int argc, char** argv) {
       const bench::Batch whole = task.batch(step);
       const bench::Batch mine{whole.input.narrow(0, rank * per_rank, per_rank),
                               whole.target.narrow(0, rank * per_rank, per_rank)};
+      // (ZeRO keeps the groups' options: setting them schedules the shards too, docs/zero.md.)
+      for (auto& group_of_params : optimizer.inner().param_groups()) {
+        group_of_params.options().set_lr(scheduled_lr(flags.lr, step, flags.steps, flags.warmup_steps));
+      }
       optimizer.zero_grad();
       auto logits = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, mine.input);
       auto loss = task.loss(logits.to(torch::kFloat), mine);
@@ -137,9 +166,11 @@ int main(int argc, char** argv) {
       }
     }
     if (rank == 0) {
+      const ddp::ProgressPause pause("the held-out evaluation");  // the others wait in the barrier below
       torch::NoGradGuard no_grad;
       net->eval();
-      const auto forward = [&](const torch::Tensor& x) { return model.forward(x).to(torch::kFloat); };
+      // Through the model as trained: O2, O3 and FP8 score their half-precision model (logits rounded to bf16/fp16).
+      const auto forward = [&](const torch::Tensor& x) { return model.forward(x); };
       const auto held_out = task.held_out(forward);
       const auto diagnostics = optimizer.scaler().diagnostics_now();
       fmt::print("held-out loss {:.4f} | next-token accuracy {:.2f}% | loss floor {:.4f} | skipped steps {}\n",

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
-#include <shared_mutex>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -435,22 +435,33 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
 // PyTorch 2.11's flight recorder (c10d::FlightRecorder, on by default) adds a group to a process-wide std::map on the
 // group's first collective without taking its own lock (recordWithResetEnabled, all_pg_status_), and looks the group
 // up there on every later one. Several groups in one process (ranks as threads: the GPU check and its CPU twins)
-// that issue collectives at once corrupt that map: a rare SIGSEGV in std::_Rb_tree_insert_and_rebalance. So each Gloo
-// group issues its first collective (a barrier, in init_process_group) holding this lock alone, and every later Gloo
-// collective is issued holding it shared. Issuing only enqueues (Gloo runs collectives on its own threads): the lock
-// is never held while waiting for a peer. NCCL is left out: its first collective builds the communicator, which
-// waits for every rank, and its recorder is a separate instance.
-std::shared_mutex& flight_recorder_mutex() {
-  static std::shared_mutex mutex;
+// that issue collectives at once corrupt that map: a rare SIGSEGV in std::_Rb_tree_insert_and_rebalance. So every
+// collective of a group that is not NCCL's is issued holding this lock. Issuing only enqueues (Gloo runs collectives
+// on its own threads, and builds its connections in its constructor): the lock is never held while waiting for a
+// peer, and one process per rank pays an uncontended lock per collective. NCCL is left out: its first collective
+// builds the communicator, which waits for every rank (holding a lock there would deadlock ranks that are threads).
+// Its recorder is another instance (FlightRecorder<at::cuda::CUDAEvent>) with the same unlocked insert, so NCCL
+// groups that are threads of one process (the GPU check's 2-GPU tests) can still meet the race.
+std::mutex& flight_recorder_mutex() {
+  static std::mutex mutex;
   return mutex;
 }
 
-/// Runs `issue_collective` (a call that enqueues a collective on `backend`) under flight_recorder_mutex where it
-/// applies.
+bool is_nccl(const c10d::Backend& backend) {
+#ifdef LIBTORCH_AMP_HAVE_NCCL
+  return dynamic_cast<const c10d::ProcessGroupNCCL*>(&backend) != nullptr;
+#else
+  (void)backend;
+  return false;
+#endif
+}
+
+/// Runs `issue_collective` (a call that enqueues a collective on `backend`) under flight_recorder_mutex unless the
+/// backend is NCCL's.
 template <class Issue>
-c10::intrusive_ptr<c10d::Work> issue(const std::string& backend, Issue&& issue_collective) {
-  if (backend != "gloo") return issue_collective();
-  const std::shared_lock<std::shared_mutex> lock(flight_recorder_mutex());
+c10::intrusive_ptr<c10d::Work> issue(const c10d::Backend& backend, Issue&& issue_collective) {
+  if (is_nccl(backend)) return issue_collective();
+  const std::lock_guard<std::mutex> lock(flight_recorder_mutex());
   return issue_collective();
 }
 
@@ -480,7 +491,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  return issue(backend_name_, [&] { return backend_->allreduce(tensors, options); });
+  return issue(*backend_, [&] { return backend_->allreduce(tensors, options); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_sum_async(at::Tensor& output, at::Tensor& input) const {
@@ -488,7 +499,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::reduce_scatter_sum_async(at::Tensor
               " elements, expected ", size(), " x ", output.numel());
   c10d::ReduceScatterOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  return issue(backend_name_, [&] { return backend_->_reduce_scatter_base(output, input, options); });
+  return issue(*backend_, [&] { return backend_->_reduce_scatter_base(output, input, options); });
 }
 
 void ProcessGroup::allgather_into(at::Tensor& output, at::Tensor& input) const {
@@ -498,7 +509,7 @@ void ProcessGroup::allgather_into(at::Tensor& output, at::Tensor& input) const {
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allgather_into_async(at::Tensor& output, at::Tensor& input) const {
   TORCH_CHECK(output.numel() == input.numel() * size(), "allgather: output has ", output.numel(),
               " elements, expected ", size(), " x ", input.numel());
-  return issue(backend_name_, [&] { return backend_->_allgather_base(output, input); });
+  return issue(*backend_, [&] { return backend_->_allgather_base(output, input); });
 }
 
 void ProcessGroup::allreduce_sum_(at::Tensor& tensor, const std::string& what) const {
@@ -511,7 +522,7 @@ void ProcessGroup::allreduce_max_(at::Tensor& tensor, const std::string& what) c
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::MAX;
-  wait(issue(backend_name_, [&] { return backend_->allreduce(tensors, options); }), what);
+  wait(issue(*backend_, [&] { return backend_->allreduce(tensors, options); }), what);
 }
 
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
@@ -532,19 +543,19 @@ void ProcessGroup::broadcast_(at::Tensor& tensor, int root) const {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  wait(issue(backend_name_, [&] { return backend_->broadcast(tensors, options); }), "broadcast");
+  wait(issue(*backend_, [&] { return backend_->broadcast(tensors, options); }), "broadcast");
 }
 
 std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor) const {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
   std::vector<at::Tensor> inputs{tensor};
-  wait(issue(backend_name_, [&] { return backend_->allgather(outputs, inputs); }), "allgather");
+  wait(issue(*backend_, [&] { return backend_->allgather(outputs, inputs); }), "allgather");
   return outputs[0];
 }
 
 void ProcessGroup::barrier() const {
-  wait(issue(backend_name_, [&] { return backend_->barrier(); }), "barrier");
+  wait(issue(*backend_, [&] { return backend_->barrier(); }), "barrier");
 }
 
 ProcessGroup init_process_group(const InitOptions& options) {
@@ -572,16 +583,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
                 rdzv.world_size, " ranks met at ", master_name(rdzv), " within ", rdzv.collective_timeout.count(),
                 " ms. Cause: ", detail::message_of(e));
   }
-  ProcessGroup group(std::move(store), std::move(pg), backend, rdzv.collective_timeout, device);
-  if (backend == "gloo") {  // the group's first collective, issued alone: see flight_recorder_mutex
-    c10::intrusive_ptr<c10d::Work> first;
-    {
-      const std::unique_lock<std::shared_mutex> lock(flight_recorder_mutex());
-      first = group.backend()->barrier();
-    }
-    group.wait(first, "the first barrier of init_process_group");
-  }
-  return group;
+  return ProcessGroup(std::move(store), std::move(pg), backend, rdzv.collective_timeout, device);
 }
 
 ProcessGroup init_process_group(const LaunchEnv& env, const std::string& backend,

@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <ddp/launch/spawn.h>
 #include <ddp/launch/worker_group.h>
@@ -288,7 +290,7 @@ TEST(ProcessGroupTest, EnvInitMethodNamesTheMissingVariable) {
 // PyTorch 2.11's flight recorder (on by default) adds a group to a process-wide map on the group's first collective
 // without taking its lock. Groups of one process that issued first collectives at the same moment (ranks as threads:
 // the GPU check and its CPU twins) corrupted that map: a rare SIGSEGV in std::_Rb_tree_insert_and_rebalance under
-// FlightRecorder::recordWithResetEnabled. init_process_group now issues each Gloo group's first collective alone.
+// FlightRecorder::recordWithResetEnabled. ProcessGroup now issues every Gloo collective under one process-wide lock.
 // Before that, this test crashed the binary (SIGSEGV) in 8 of 10 runs; after it, 10 of 10 passed. (Its time, about
 // 15 s here, is mostly TCPStore looking up 127.0.0.1 by name where no DNS server answers: 5 s now and then.)
 TEST(ProcessGroupTest, GlooGroupsOfOneProcessIssueTheirFirstCollectivesAtOnceSafely) {
@@ -297,11 +299,14 @@ TEST(ProcessGroupTest, GlooGroupsOfOneProcessIssueTheirFirstCollectivesAtOnceSaf
   constexpr int kRounds = 12;
   for (int round = 0; round < kRounds; ++round) {
     std::atomic<int> built{0};
-    const auto errors = ddp_test::run_thread_ranks(kGroups, [&](int) {
+    std::set<int> distinct;  // drawn here, one after another: threads drawing at once could get the same port
+    while (distinct.size() < static_cast<size_t>(kGroups)) distinct.insert(ddp::detail::find_free_port());
+    const std::vector<int> ports(distinct.begin(), distinct.end());
+    const auto errors = ddp_test::run_thread_ranks(kGroups, [&](int g) {
       const ddp::ProcessGroup pg = [&] {
         try {
           return ddp::init_process_group(ddp::InitOptions()
-                                             .init_method(tcp_url(ddp::detail::find_free_port()))
+                                             .init_method(tcp_url(ports[static_cast<size_t>(g)]))
                                              .rank(0)
                                              .world_size(1)
                                              .timeout(kTestTimeout));
