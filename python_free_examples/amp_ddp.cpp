@@ -87,14 +87,8 @@ int main(int argc, char** argv) {
     examples::SmallCnn net(examples::SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
     net->to(device);
     auto inner = make_optimizer(amp_flags.optimizer, net, flags.lr);
-    auto options = amp::Options()
-                       .opt_level(amp::parse_opt_level(amp_flags.opt_level))
-                       .half_dtype(half_dtype(amp_flags.dtype, device));
-    if (amp_flags.fp8 != "off") {
-      options.fp8(
-          amp::Fp8Recipe().scaling(amp_flags.fp8 == "current" ? amp::Fp8Scaling::kCurrent : amp::Fp8Scaling::kDelayed));
-    }
-    auto initialized = amp::initialize(net, *inner, options);
+    auto initialized = amp::initialize(
+        net, *inner, examples::amp_options(amp_flags.opt_level, half_dtype(amp_flags.dtype, device), amp_flags.fp8));
     auto& model = initialized.model;  // (not a structured binding: the step lambda captures them)
     auto& optimizer = initialized.optimizer;
     const auto zero_stage = static_cast<amp::ZeroStage>(amp_flags.zero);

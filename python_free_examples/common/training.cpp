@@ -103,6 +103,14 @@ std::string dtype_name(c10::ScalarType dtype) {
   }
 }
 
+amp::Options amp_options(const std::string& opt_level, c10::ScalarType half_dtype, const std::string& fp8) {
+  auto options = amp::Options().opt_level(amp::parse_opt_level(opt_level)).half_dtype(half_dtype);
+  if (fp8 != "off") {
+    options.fp8(amp::Fp8Recipe().scaling(fp8 == "current" ? amp::Fp8Scaling::kCurrent : amp::Fp8Scaling::kDelayed));
+  }
+  return options;
+}
+
 std::optional<int> parse_flags(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);

@@ -100,6 +100,10 @@ std::string sgd_description(const std::string& name = "SGD");
 /// "fp16" / "bf16" / "fp32" (what the examples' --dtype flags take), else c10's name.
 std::string dtype_name(c10::ScalarType dtype);
 
+/// amp::Options from amp flags: `opt_level` "O0"-"O3" (amp::parse_opt_level), the half dtype, and `fp8` "off",
+/// "delayed" or "current" (amp::Fp8Recipe with that scaling; docs/fp8.md).
+amp::Options amp_options(const std::string& opt_level, c10::ScalarType half_dtype, const std::string& fp8 = "off");
+
 /// "auto": cuda:`local_rank` when CUDA is available, else the CPU; "cuda" alone: cuda:`local_rank`; otherwise the
 /// device named ("cpu", "cuda:1"). Throws std::invalid_argument naming --device when the name is not a device,
 /// when no CUDA GPU is visible, or when the GPU's index is not below the number visible.
