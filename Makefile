@@ -28,8 +28,10 @@ configure: deps $(BUILD_DIR)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# --timeout: a test without its own TIMEOUT that hangs fails alone instead of stalling the run.
+# --timeout: a test without its own TIMEOUT that hangs fails alone instead of stalling the run. --browser: chromium
+# for the test that opens the run report in a headless browser (only the tests need it; it skips without one).
 test: build
+	@scripts/bootstrap.sh --browser
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 1200 -j $(JOBS)
 
 # AddressSanitizer over the tests that read and write files (Fashion-MNIST loading, gzip, checkpoints): $(ASAN_DIR)

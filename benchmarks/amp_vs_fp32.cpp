@@ -32,6 +32,7 @@
 #include <CLI/CLI.hpp>
 
 #include <amp/amp.h>
+#include <amp/io/atomic_file.h>
 
 #ifdef LIBTORCH_AMP_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -42,6 +43,7 @@
 #include "common/amp_report.h"
 #include "common/device_scopes.h"
 #include "common/peer_bundle.h"
+#include "common/run_observer.h"
 #include "common/timing.h"
 #include "common/torch_amp_peer.h"
 #include "common/trainers.h"
@@ -320,6 +322,9 @@ struct Flags {
   std::string python;  // empty: default_python
   std::string peer_script = LTA_PEER_SCRIPT;
   bool no_torch_peer = false;
+  std::string report;  // empty: <out_dir>/amp_vs_fp32.html
+  std::string metrics;
+  int64_t metrics_every = 10;
   int64_t rounds = 8;
   int threads = 0;  // > 0: intra-op threads (ours and the peer's)
 };
@@ -527,12 +532,24 @@ int main(int argc, char** argv) {
   app.add_option("--python", flags.python, "Python with torch for the torch.amp peer (default: .venv, else python3)");
   app.add_option("--peer-script", flags.peer_script, "The torch.amp peer script");
   app.add_flag("--no-torch-peer", flags.no_torch_peer, "Do not run the torch.amp peer");
+  app.add_option("--report", flags.report,
+                 "The HTML report (default: amp_vs_fp32.html in --out): summary table and loss curves");
+  app.add_option(
+      "--metrics", flags.metrics,
+      "Also write every run's losses and figures here as JSON lines (after the runs: docs/observability.md)");
+  app.add_option("--metrics-every", flags.metrics_every, "A --metrics step line every this many steps")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (flags.threads > 0) at::set_num_threads(flags.threads);
     const torch::Device device = bench::parse_device(flags.device);
     const int64_t warmup = flags.warmup >= 0 ? flags.warmup : (flags.full ? 10 : 3);
+    const std::string report_path = flags.report.empty() ? flags.out_dir + "/amp_vs_fp32.html" : flags.report;
+    for (const auto& [flag, path] :
+         {std::pair<const char*, std::string>{"--report", flags.report}, {"--metrics", flags.metrics}}) {
+      examples::check_output_path(flag, path);  // before the runs, not after them
+    }
     bench::RunContext context = make_context(device, flags.full);
     fmt::print("AMP vs FP32 on {} ({} mode), {}\nmachine: {} | torch {}\n", context.device, context.mode, context.date,
                context.machine, context.torch_version);
@@ -554,7 +571,10 @@ int main(int argc, char** argv) {
 
     bench::write_json_and_csv(flags.out_dir, context, results);
     const std::string plot = bench::write_plot(flags.out_dir, context, results);
-    fmt::print("\nresults: {0}/amp_vs_fp32.json, {0}/amp_vs_fp32.csv; {1}\n\n{2}\n", flags.out_dir, plot, kLegend);
+    amp::write_file_atomically(report_path, bench::report_html(context, results));
+    if (!flags.metrics.empty()) bench::write_metrics_lines(flags.metrics, results, flags.metrics_every);
+    fmt::print("\nresults: {0}/amp_vs_fp32.json, {0}/amp_vs_fp32.csv; {1}; report: {2}{3}\n\n{4}\n", flags.out_dir,
+               plot, report_path, flags.metrics.empty() ? "" : "; metrics: " + flags.metrics, kLegend);
     fmt::print("{}", bench::format_table(results));
     if (!peers_agree) {
       std::fprintf(stderr,

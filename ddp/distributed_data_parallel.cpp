@@ -110,5 +110,11 @@ void DistributedDataParallel::freeze_bucket_layout() { impl_->reducer_.freeze_bu
 void DistributedDataParallel::set_gradient_sharding(bool enabled) { impl_->reducer_.set_gradient_sharding(enabled); }
 bool DistributedDataParallel::gradient_sharding() const { return impl_->reducer_.gradient_sharding(); }
 const BackwardTimeline& DistributedDataParallel::last_backward_timeline() const { return impl_->reducer_.timeline(); }
+void DistributedDataParallel::set_timeline(std::shared_ptr<Timeline> timeline) {
+  impl_->reducer_.set_recorder(std::move(timeline));
+}
+void DistributedDataParallel::set_bucket_consumer_label(std::string label) {
+  impl_->reducer_.bucket_consumer_label = std::move(label);
+}
 
 }  // namespace ddp

@@ -20,6 +20,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <ddp/process_group.h>
+#include <ddp/timeline.h>
 
 namespace ddp {
 
@@ -67,6 +68,10 @@ struct BackwardTimeline {
   TimePoint last_gradient_ready;
   TimePoint backward_finished;           // the end-of-backward callback started
   std::vector<TimePoint> bucket_issued;  // per bucket: its allreduce was started
+  /// The end-of-backward callback ended: every allreduce waited for and written back (or handed to the consumer).
+  /// allreduces_done - backward_finished is the time backward blocked the host on communication (the CPU; on CUDA
+  /// the wait is on the streams, so this is only the launch time).
+  TimePoint allreduces_done;
 };
 
 /// What the bucket hooks see; see DistributedDataParallel::set_bucket_reduced_hook and set_bucket_consumer.
@@ -212,6 +217,15 @@ class DistributedDataParallel {
   bool gradient_sharding() const;
   /// Timestamps of the last backward pass that synchronized.
   const BackwardTimeline& last_backward_timeline() const;
+  /// Records every synchronized backward pass of the steps `timeline` records (ddp::Timeline::recording()) into it
+  /// (nullptr: stop): per bucket "bucket i ready" (lane "buckets", an instant: its last gradient is ready and its
+  /// allreduce is issued), "allreduce bucket i" (lane "comm": issued until ended; on the CPU the end is taken on the
+  /// communication thread when the work completes, on CUDA by events on the streams), the consumer's pass over it
+  /// ("<consumer_label> bucket i", lane "amp"), and kAllreduceWaitEvent (lane "step"). No host sync. Call it outside
+  /// backward.
+  void set_timeline(std::shared_ptr<Timeline> timeline);
+  /// How set_timeline names the bucket consumer's pass ("unscale" for amp's); default "consume".
+  void set_bucket_consumer_label(std::string label);
 
  private:
   class Impl;

@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
     if (!flags.resume.empty() && zero) {  // collective: every rank takes its shard
       saved = examples::load_amp_checkpoint(flags.resume, model, optimizer);
     }
-    if (rank.rank == 0) {  // the first line, before a resume's "resuming at ..."
+    std::string header_line;
+    {
       examples::RunHeader header;
       header.processes = rank.world_size;
       header.backend = group.backend_name();
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
       header.extras = std::string(ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "") +
                       (zero ? fmt::format(" | ZeRO stage {}", amp_flags.zero) : std::string()) +
                       (amp_flags.fp8 != "off" ? fmt::format(" | FP8 {} scaling", amp_flags.fp8) : std::string());
-      fmt::print("{}\n", examples::run_header_line(flags, data, header));
+      header_line = examples::run_header_line(flags, data, header);
+      if (rank.rank == 0) fmt::print("{}\n", header_line);  // the first line, before a resume's "resuming at ..."
     }
     examples::TrainingPosition position;
     if (!flags.resume.empty()) {
@@ -139,22 +141,26 @@ int main(int argc, char** argv) {
       });
     };
     examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
       optimizer.zero_grad();
       auto out = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, images);
       auto l = torch::cross_entropy_loss(out, labels);
+      phases.end(examples::Phase::kForward);
       {
         auto scaled = amp::scale_loss(l, optimizer);
         scaled.backward();  // DDP averages the scaled gradients; amp unscales and checks each bucket
       }
+      phases.end(examples::Phase::kBackward);
       optimizer.step();  // skipped on the device when a gradient overflowed
+      phases.end(examples::Phase::kOptimizer);
       return l;
     };
+    loop.observed = {header_line, [&] { return examples::step_values(*inner, &optimizer); }, &group, &ddp};
     loop.save = save;
     loop.save_on_every_rank = zero;  // ZeRO: the masters and optimizer state are gathered from every rank
-    loop.end_epoch = [&](int64_t epoch, double loss) {
-      if (rank.rank != 0) return;
-      examples::print_epoch_result(
+    loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
+      if (rank.rank != 0) return std::nullopt;
+      return examples::print_epoch_result(
           static_cast<int>(epoch), flags.epochs, loss,
           examples::test_accuracy(
               *net, [&](const torch::Tensor& x) { return model.forward(x); }, data.test, device));

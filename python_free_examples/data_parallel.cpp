@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
                                gpus > 0 ? "GPU" : "CPU replica", gather_on.str());
     header.precision = opt_level == "none" ? "fp32" : opt_level + " " + examples::dtype_name(half);
     header.optimizer = examples::sgd_description();
-    fmt::print("{}\n", examples::run_header_line(flags, data, header));
+    const std::string header_line = examples::run_header_line(flags, data, header);
+    fmt::print("{}\n", header_line);
     examples::SmallCnn net;
     net->to(device);
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));
@@ -89,23 +90,29 @@ int main(int argc, char** argv) {
     };
 
     examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
       auto out = forward(images);
       auto l = torch::cross_entropy_loss(out, labels.to(out.device()));
+      phases.end(examples::Phase::kForward);
       if (mixed) {
         mixed->optimizer.zero_grad();
         {
           auto scaled = amp::scale_loss(l, mixed->optimizer);
           scaled.backward();  // replicas' gradients flow back into the module
         }
+        phases.end(examples::Phase::kBackward);
         mixed->optimizer.step();
       } else {
         sgd.zero_grad();
         l.backward();  // gradients of all replicas flow back into the module
+        phases.end(examples::Phase::kBackward);
         sgd.step();
       }
+      phases.end(examples::Phase::kOptimizer);
       return l;
     };
+    loop.observed.description = header_line;
+    loop.observed.values = [&] { return examples::step_values(sgd, mixed ? &mixed->optimizer : nullptr); };
     loop.save = [&](const examples::TrainingPosition& at) {
       const auto run = examples::capture_run_state(flags, 1, train_samples, at);
       examples::write_checkpoint(flags, at, examples::Rank{}, [&](const std::string& path) {
@@ -116,9 +123,9 @@ int main(int argc, char** argv) {
         }
       });
     };
-    loop.end_epoch = [&](int64_t epoch, double loss) {
-      examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
-                                   examples::test_accuracy(*net, forward, data.test, device));
+    loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
+      return examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
+                                          examples::test_accuracy(*net, forward, data.test, device));
     };
     const auto end = examples::train_epochs(flags, data.train, device, examples::Rank{}, position, loop);
     if (examples::final_save_needed(flags, position, end)) loop.save(end);

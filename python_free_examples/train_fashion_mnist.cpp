@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
     header.where = "device " + device.str();
     header.precision = "fp32";
     header.optimizer = examples::sgd_description();
-    fmt::print("{}\n", examples::run_header_line(flags, data, header));
+    const std::string header_line = examples::run_header_line(flags, data, header);
+    fmt::print("{}\n", header_line);
 
     examples::SmallCnn model;
     model->to(device);
@@ -41,17 +42,22 @@ int main(int argc, char** argv) {
       });
     };
     examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
       optimizer.zero_grad();
       auto l = torch::cross_entropy_loss(forward(images), labels);
+      phases.end(examples::Phase::kForward);
       l.backward();
+      phases.end(examples::Phase::kBackward);
       optimizer.step();
+      phases.end(examples::Phase::kOptimizer);
       return l;
     };
+    loop.observed.description = header_line;
+    loop.observed.values = [&] { return examples::step_values(optimizer); };
     loop.save = save;
-    loop.end_epoch = [&](int64_t epoch, double loss) {
-      examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
-                                   examples::test_accuracy(*model, forward, data.test, device));
+    loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
+      return examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
+                                          examples::test_accuracy(*model, forward, data.test, device));
     };
     const auto end = examples::train_epochs(flags, data.train, device, examples::Rank{}, position, loop);
     if (examples::final_save_needed(flags, position, end)) save(end);

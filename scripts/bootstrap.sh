@@ -2,8 +2,19 @@
 # Installs what the build needs and only what is missing: Debian packages (when apt is usable; otherwise it
 # prints the exact command and stops), and LibTorch (torch==2.11.0 into .venv) when none is found.
 # Idempotent and fast when everything is there: a second run installs nothing.
+#   --browser (or BOOTSTRAP_BROWSER=1, e.g. `BOOTSTRAP_BROWSER=1 make deps`): also chromium (~480 MB), for the check
+#   that opens the HTML report in a headless browser (tests/report/check_report_in_browser.sh; it skips without one).
+#   Optional: where apt is not usable it prints the command and goes on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+want_browser="${BOOTSTRAP_BROWSER:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --browser) want_browser=1 ;;
+    *) echo "usage: $0 [--browser]" >&2; exit 2 ;;
+  esac
+done
 
 TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
 VENV="${VENV:-.venv}"
@@ -23,6 +34,20 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "bootstrap: missing Debian packages: ${missing[*]}" >&2
     echo "bootstrap: install them with: sudo apt-get install -y ${missing[*]}" >&2
     exit 1
+  fi
+fi
+
+# Any of the browsers the check looks for will do; chromium is the one installed.
+if [ "$want_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+   && ! command -v google-chrome >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing Debian package: chromium"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
+      echo "bootstrap: chromium could not be installed; the report's browser check will skip" >&2
+    fi
+  else
+    echo "bootstrap: no headless browser; the report's browser check will skip" >&2
+    echo "bootstrap: install one with: sudo apt-get install -y chromium" >&2
   fi
 fi
 

@@ -36,6 +36,7 @@ void State::attach(ddp::DistributedDataParallel& ddp, ZeroStage stage, ZeroPubli
     const std::shared_ptr<State> state = weak.lock();
     return state != nullptr && state->consume_bucket(bucket);
   });
+  ddp.set_bucket_consumer_label("unscale");  // what a ddp::Timeline calls the consumer's pass over a bucket
 }
 
 }  // namespace amp::detail

@@ -10,7 +10,10 @@
 
 #include <amp/io/atomic_file.h>
 #include <c10/util/Exception.h>
+#include <ddp/json_text.h>
 #include <fmt/format.h>
+
+#include "common/report.h"
 
 namespace bench {
 namespace {
@@ -34,36 +37,8 @@ std::string or_dash(const std::optional<double>& v, const char* format) {
 
 std::string ratio_text(const std::optional<double>& v) { return v ? fmt::format("{:.2f}x", *v) : std::string("-"); }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<int>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(const std::optional<double>& v) {
-  return v && std::isfinite(*v) ? fmt::format("{}", *v) : std::string("null");
-}
+using ddp::json_number;
+using ddp::json_string;
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -254,6 +229,77 @@ std::string write_plot(const std::string& dir, const RunContext& context, const 
     }
   }
   return "no PNG: gnuplot failed (see " + dir + "/amp_vs_fp32.gnuplot.log)";
+}
+
+std::string report_html(const RunContext& context, const std::vector<RunResult>& runs) {
+  std::string rows;
+  for (const auto& run : runs) {
+    if (!run.ok()) {
+      rows += fmt::format("<tr><td>{}</td><td>{}</td><td colspan=\"8\">skipped: {}</td></tr>\n",
+                          examples::html_escape(run.model), examples::html_escape(run.config),
+                          examples::html_escape(run.error));
+      continue;
+    }
+    const RunRatios r = ratios_of(run, runs);
+    const std::optional<double> accuracy_percent =
+        run.accuracy ? std::optional<double>(100.0 * *run.accuracy) : std::nullopt;
+    rows += fmt::format(
+        "<tr><td>{}</td><td>{}</td><td>{:.1f}</td><td>{}</td><td>{:.2f}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td></tr>\n",
+        examples::html_escape(run.model), examples::html_escape(run.config), run.samples_per_s, ratio_text(r.vs_fp32),
+        run.step_ms, or_dash(run.final_loss, "{:.4f}"), or_dash(accuracy_percent, "{:.2f}"),
+        or_dash(as_double(run.skipped_steps), "{:.0f}"), or_dash(run.final_scale, "{:g}"), ratio_text(r.vs_torch_amp));
+  }
+  std::string body = fmt::format("<h1>AMP vs FP32</h1>\n<p>{} ({} mode), {} | {} | torch {}</p>\n",
+                                 examples::html_escape(context.device), examples::html_escape(context.mode),
+                                 examples::html_escape(context.date), examples::html_escape(context.machine),
+                                 examples::html_escape(context.torch_version));
+  for (const std::string& task : context.task_descriptions) body += "<p>" + examples::html_escape(task) + "</p>\n";
+  body +=
+      "<h2>Summary</h2>\n<table id=\"summary\">\n<tr><th>model</th><th>config</th><th>samples/s</th><th>x FP32</th>"
+      "<th>step ms</th><th>final loss</th><th>accuracy %</th><th>skipped</th><th>scale</th><th>x "
+      "torch.amp</th></tr>\n" +
+      rows + "</table>\n";
+  std::vector<std::string> models;
+  for (const auto& run : runs) {
+    if (run.ok() && std::find(models.begin(), models.end(), run.model) == models.end()) models.push_back(run.model);
+  }
+  for (const std::string& model : models) {
+    std::vector<examples::ChartSeries> curves;
+    std::vector<examples::ChartSeries> throughput;
+    for (const auto& run : runs) {
+      if (!run.ok() || run.model != model) continue;
+      if (!run.losses.empty()) {
+        curves.push_back({run.config, {}});
+        for (size_t s = 0; s < run.losses.size(); ++s) curves.back().points.emplace_back(s + 1, run.losses[s]);
+      }
+    }
+    body += fmt::format(
+        "<h2>{}</h2>\n<figure>\n{}<figcaption>Training loss per step, every run on the same weights "
+        "and batches</figcaption>\n</figure>\n",
+        examples::html_escape(model), examples::line_chart_svg("fig-loss-" + model, "loss", curves));
+  }
+  return examples::html_page("AMP vs FP32", body);
+}
+
+void write_metrics_lines(const std::string& path, const std::vector<RunResult>& runs, int64_t every_steps) {
+  std::string lines;
+  for (const auto& run : runs) {
+    if (!run.ok()) continue;
+    for (size_t s = 0; s < run.losses.size(); ++s) {
+      const auto step = static_cast<int64_t>(s + 1);
+      if (step % every_steps != 0 && s + 1 != run.losses.size()) continue;
+      lines += fmt::format("{{\"type\": \"step\", \"model\": {}, \"config\": {}, \"step\": {}, \"loss\": {}}}\n",
+                           json_string(run.model), json_string(run.config), step, json_number(run.losses[s]));
+    }
+    lines += fmt::format(
+        "{{\"type\": \"run\", \"model\": {}, \"config\": {}, \"samples_per_s\": {}, \"step_ms\": {}, "
+        "\"final_loss\": {}, \"accuracy\": {}, \"skipped_steps\": {}, \"loss_scale\": {}}}\n",
+        json_string(run.model), json_string(run.config), json_number(run.samples_per_s), json_number(run.step_ms),
+        json_number(run.final_loss), json_number(run.accuracy), json_number(as_double(run.skipped_steps)),
+        json_number(run.final_scale));
+  }
+  amp::write_file_atomically(path, lines);
 }
 
 }  // namespace bench

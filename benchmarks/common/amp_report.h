@@ -1,7 +1,8 @@
 #pragma once
 
 // Results of the AMP benchmark (benchmarks/amp_vs_fp32.cpp): one row per training run, the ratios between rows,
-// and the outputs: a text table, JSON, CSV, and a gnuplot PNG (loss curves and throughput bars).
+// and the outputs: a text table, JSON, CSV, a gnuplot PNG (loss curves and throughput bars), an HTML report and
+// metrics as JSON lines.
 
 #include <cstdint>
 #include <optional>
@@ -54,5 +55,14 @@ void write_json_and_csv(const std::string& dir, const RunContext& context, const
 /// Writes the plot's data and script and runs gnuplot for <dir>/amp_vs_fp32.png. Returns a line saying what
 /// happened (written, or why not: no gnuplot, gnuplot failed).
 std::string write_plot(const std::string& dir, const RunContext& context, const std::vector<RunResult>& runs);
+
+/// The run's HTML report (examples::html_page: self-contained, summary table id="summary", a loss chart per model
+/// id="fig-loss-<model>"), written beside the PNG as amp_vs_fp32.html.
+std::string report_html(const RunContext& context, const std::vector<RunResult>& runs);
+
+/// --metrics: JSON lines, per completed run one {"type": "step", ...} line every `every_steps` steps (and the last)
+/// with its loss, then one {"type": "run", ...} line with its figures. Written after the runs (the timed steps record
+/// nothing on the host), atomically. Throws naming the path when it cannot be written.
+void write_metrics_lines(const std::string& path, const std::vector<RunResult>& runs, int64_t every_steps);
 
 }  // namespace bench

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include <ATen/Functions.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -241,6 +242,7 @@ void Reducer::on_gradient_ready(int64_t index) {
   const auto now = Clock::now();
   if (!in_backward_) {
     in_backward_ = true;
+    recording_ = recorder_ && recorder_->recording();
     std::fill(timeline_.bucket_issued.begin(), timeline_.bucket_issued.end(), BackwardTimeline::TimePoint{});
     timeline_.first_gradient_ready = now;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
@@ -284,6 +286,54 @@ void Reducer::launch(size_t index) {
     b.work = pg_.allreduce_sum_async(b.buffer);
   }
   timeline_.bucket_issued[index] = Clock::now();
+  if (recording_) record_issue(index);
+}
+
+void Reducer::set_recorder(std::shared_ptr<Timeline> recorder) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(!in_backward_, "DistributedDataParallel::set_timeline: not during a backward pass");
+  recorder_ = std::move(recorder);
+}
+
+std::optional<c10::Stream> Reducer::current_stream() const {
+  if (!comm_stream_) return std::nullopt;
+  return c10::impl::VirtualGuardImpl(comm_stream_->device_type()).getStream(comm_stream_->device());
+}
+
+/// Recording a timeline: bucket `index`'s collective was just issued. On the CPU its end is taken on the
+/// communication thread, when the work completes; on CUDA from an event after the wait (finish_backward).
+void Reducer::record_issue(size_t index) {
+  Bucket& b = buckets_[index];
+  b.issued = Timeline::mark(current_stream());
+  recorder_->add(c10::str("bucket ", index, " ready"), "buckets", b.issued, b.issued, static_cast<int64_t>(index));
+  b.completed.reset();
+  if (comm_stream_) return;
+  auto completed = std::make_shared<CompletionTime>();
+  try {
+    b.work->getFuture()->addCallback([completed](c10::ivalue::Future&) {
+      const auto now = Clock::now();
+      std::lock_guard<std::mutex> lock(completed->mutex);
+      completed->at = now;
+    });
+    b.completed = std::move(completed);
+  } catch (const c10::Error&) {
+    // A work without a future (not Gloo's): its end is taken when the wait returns.
+  }
+}
+
+/// Recording a timeline: bucket `index`'s collective has been waited for (on CUDA the communication stream now
+/// waits for it): its interval goes into the "comm" lane.
+void Reducer::record_completion(size_t index) {
+  Bucket& b = buckets_[index];
+  Timeline::Mark end;
+  if (b.completed) {
+    std::lock_guard<std::mutex> lock(b.completed->mutex);
+    end.host = b.completed->at.value_or(Clock::now());  // a future's callbacks may run just after the wait returns
+  } else {
+    end = Timeline::mark(comm_stream_);
+  }
+  recorder_->add(c10::str(sharded_ ? "reduce-scatter" : "allreduce", " bucket ", index), "comm", b.issued, end,
+                 static_cast<int64_t>(index));
 }
 
 std::string Reducer::bucket_name(size_t index) const {
@@ -298,6 +348,7 @@ std::string Reducer::bucket_name(size_t index) const {
 void Reducer::finish_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   timeline_.backward_finished = Clock::now();
+  const Timeline::Mark wait_began = recording_ ? Timeline::mark(current_stream()) : Timeline::Mark{};
   struct ResetAtExit {
     Reducer* impl;
     ~ResetAtExit() { impl->reset_iteration(); }
@@ -353,6 +404,7 @@ void Reducer::finish_backward() {
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     pg_.wait(b.work, bucket_name(i));
+    if (recording_) record_completion(i);
     ReducedBucket reduced{static_cast<int64_t>(i), b.buffer, {}, {}, 0, average_scale, caller_stream};
     if (sharded_) {
       reduced.buffer = received_slice(pg_, b.shards, b.sharded);
@@ -374,7 +426,12 @@ void Reducer::finish_backward() {
       }
     }
     try {
+      const Timeline::Mark consumer_began = recording_ ? Timeline::mark(comm_stream_) : Timeline::Mark{};
       const bool consumed = bucket_consumer && bucket_consumer(reduced);
+      if (recording_ && consumed) {
+        recorder_->add(c10::str(bucket_consumer_label, " bucket ", i), "amp", consumer_began,
+                       Timeline::mark(comm_stream_), static_cast<int64_t>(i));
+      }
       TORCH_CHECK(consumed || !sharded_, "DistributedDataParallel: bucket ", i,
                   " was reduce-scattered (gradient sharding, ZeRO stage 2) but no consumer took it: under ZeRO stage "
                   "2 every synchronized backward must run inside amp::scale_loss with delay_unscale=false "
@@ -396,6 +453,8 @@ void Reducer::finish_backward() {
       throw;
     }
   }
+  timeline_.allreduces_done = Clock::now();
+  if (recording_) recorder_->add(kAllreduceWaitEvent, "step", wait_began, Timeline::mark(comm_stream_));
 }
 
 void Reducer::reset_iteration() {

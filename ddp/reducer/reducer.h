@@ -24,6 +24,7 @@
 #include <ddp/process_group.h>
 #include <ddp/reducer/gradient_sharding.h>
 #include <ddp/shard_layout.h>
+#include <ddp/timeline.h>
 
 namespace torch::autograd {
 struct Node;
@@ -55,12 +56,20 @@ class Reducer {
   void set_gradient_sharding(bool enabled);
   bool gradient_sharding() const;
   const BackwardTimeline& timeline() const { return timeline_; }
+  /// DistributedDataParallel::set_timeline.
+  void set_recorder(std::shared_ptr<Timeline> recorder);
 
   std::function<void(const ReducedBucket&)> bucket_reduced_hook;
   std::function<bool(const ReducedBucket&)> bucket_consumer;
+  std::string bucket_consumer_label = "consume";
 
  private:
   using Clock = std::chrono::steady_clock;
+  /// Written by the communication thread in the work's completion callback, read after the wait.
+  struct CompletionTime {
+    std::mutex mutex;
+    std::optional<Clock::time_point> at;
+  };
   struct Param {
     at::Tensor tensor;
     std::string name;
@@ -75,6 +84,9 @@ class Reducer {
     int64_t numel = 0;         // elements of all its gradients
     BucketShards shards;       // gradient sharding only: the split
     ShardedReduction sharded;  // gradient sharding only: the buffers of the current backward's reduction
+    /// Recording a timeline: when the collective was issued, and (CPU) when the communication thread completed it.
+    Timeline::Mark issued;
+    std::shared_ptr<CompletionTime> completed;
   };
 
   void build_buckets(const std::vector<int64_t>& order);
@@ -84,6 +96,10 @@ class Reducer {
   void on_gradient_ready(int64_t index);
   void launch_ready_buckets();
   void launch(size_t index);
+  void record_issue(size_t index);
+  void record_completion(size_t index);
+  /// The caller's current stream on the communication stream's device; nullopt on the CPU.
+  std::optional<c10::Stream> current_stream() const;
   std::string bucket_name(size_t index) const;
   void finish_backward();
   void reset_iteration();
@@ -106,6 +122,8 @@ class Reducer {
   bool sharded_ = false;                    // set_gradient_sharding(true): buckets are reduce-scattered
   std::optional<c10::Stream> comm_stream_;  // CUDA only
   std::optional<c10::Event> join_event_;    // orders the caller's stream after the write-back (CUDA only)
+  std::shared_ptr<Timeline> recorder_;      // set_recorder(); null: no timeline
+  bool recording_ = false;                  // this backward pass is recorded into recorder_
 };
 
 }  // namespace ddp::detail

@@ -73,7 +73,8 @@ void train_ddp_worker(const CommonFlags& flags_given, const DdpFlags& ddp_flags,
   batch_per_process(flags, rank.world_size);
   // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
   if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
-  if (rank.rank == 0) {
+  std::string header_line;
+  {
     RunHeader header;
     header.processes = rank.world_size;
     header.backend = group.backend_name();
@@ -81,7 +82,8 @@ void train_ddp_worker(const CommonFlags& flags_given, const DdpFlags& ddp_flags,
     header.precision = "fp32";
     header.optimizer = sgd_description();
     header.extras = ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "";
-    fmt::print("{}\n", run_header_line(flags, data, header));
+    header_line = run_header_line(flags, data, header);
+    if (rank.rank == 0) fmt::print("{}\n", header_line);
   }
   const int64_t train_samples = data.train.images.size(0);
   TrainingPosition position;
@@ -98,20 +100,24 @@ void train_ddp_worker(const CommonFlags& flags_given, const DdpFlags& ddp_flags,
     });
   };
   Loop loop;
-  loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels) {
+  loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, StepPhases& phases) {
     optimizer.zero_grad();
     auto l = torch::cross_entropy_loss(ddp.forward(images), labels);
+    phases.end(Phase::kForward);
     l.backward();  // returns with gradients averaged over the ranks
+    phases.end(Phase::kBackward);
     optimizer.step();
+    phases.end(Phase::kOptimizer);
     return l;
   };
+  loop.observed = {header_line, [&] { return step_values(optimizer); }, &group, &ddp};
   loop.save = save;
   // Rank 0 alone evaluates, on the module itself: ddp.forward() is collective.
-  loop.end_epoch = [&](int64_t epoch, double loss) {
-    if (rank.rank != 0) return;
-    print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
-                       test_accuracy(
-                           *net, [&](const torch::Tensor& x) { return net->forward(x); }, data.test, device));
+  loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
+    if (rank.rank != 0) return std::nullopt;
+    return print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
+                              test_accuracy(
+                                  *net, [&](const torch::Tensor& x) { return net->forward(x); }, data.test, device));
   };
   const TrainingPosition end = train_epochs(flags, data.train, device, rank, position, loop);
   check_replicas_if_asked(ddp_flags, *net, group);

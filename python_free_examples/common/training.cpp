@@ -61,6 +61,20 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--progress-every", flags.progress_every,
                  "When the output is not a terminal, a progress line every this many seconds (0: every step) and at "
                  "each epoch's end; a terminal gets one line that updates itself");
+  app.add_option("--metrics", flags.observe.metrics,
+                 "Write the run's metrics here as JSON lines (rank 0): one object per logged step and per epoch "
+                 "(docs/observability.md); appended to when the run resumes");
+  app.add_option("--metrics-every", flags.observe.metrics_every,
+                 "Log every this many steps of the run (--metrics, --report): the ranks' times are gathered then");
+  app.add_option("--report", flags.observe.report,
+                 "Write one self-contained HTML report of the run here (rank 0): loss, accuracy, throughput, loss "
+                 "scale, each rank's step time, and the timeline of --timeline-steps");
+  app.add_option(
+      "--timeline", flags.observe.timeline,
+      "Write the timeline of --timeline-steps here as Chrome trace JSON (rank 0; Perfetto, chrome://tracing)");
+  app.add_option("--timeline-steps", flags.observe.timeline_steps,
+                 "Steps of the run the timeline records, A:B or A (default with --report or --timeline: 3 steps after "
+                 "3 of warm-up)");
   app.add_option("--stop-after-steps", flags.stop_after_steps,
                  "For testing resumption: stop after S optimizer steps of this process, mid-epoch if it falls there, "
                  "and write --save");
@@ -167,6 +181,7 @@ void check_common_flags(const CommonFlags& flags) {
     }
   }
   if (flags.stop_after_steps) require_positive("--stop-after-steps", *flags.stop_after_steps);
+  check_observe_flags(flags.observe);
   struct stat info {};
   if (!flags.resume.empty()) {
     if (::stat(flags.resume.c_str(), &info) != 0) {
@@ -174,17 +189,7 @@ void check_common_flags(const CommonFlags& flags) {
     }
     if (!S_ISREG(info.st_mode)) throw std::invalid_argument(fmt::format("--resume '{}': not a file", flags.resume));
   }
-  if (!flags.save.empty()) {
-    // Checked now, not after an hour of training.
-    const size_t slash = flags.save.rfind('/');
-    const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : flags.save.substr(0, slash);
-    if (::stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-      throw std::invalid_argument(fmt::format("--save '{}': the folder '{}' does not exist", flags.save, folder));
-    }
-    if (::stat(flags.save.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-      throw std::invalid_argument(fmt::format("--save '{}': it is a folder, not a file", flags.save));
-    }
-  }
+  check_output_path("--save", flags.save);  // checked now, not after an hour of training
 }
 
 Data load_data(const CommonFlags& flags) {
@@ -232,7 +237,7 @@ torch::Device pick_device(const std::string& name, int local_rank) {
 
 double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
                    const Rank& rank, const StepFn& step, Progress& progress, int64_t first_batch,
-                   const AfterStepFn& after_step, bool global_order) {
+                   const AfterStepFn& after_step, bool global_order, RunObserver* observer, int64_t observer_step) {
   const auto n = static_cast<size_t>(train.images.size(0));
   // Global order: the one-replica shuffle of every sample, each step's job batch cut into the ranks' parts.
   torch::data::samplers::DistributedRandomSampler sampler(n, global_order ? 1 : static_cast<size_t>(rank.world_size),
@@ -262,7 +267,13 @@ double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch
     auto idx = order.slice(0, s * batch_size, std::min(local, (s + 1) * batch_size));
     auto images = train.images.index_select(0, idx).to(device, /*non_blocking=*/true);
     auto labels = train.labels.index_select(0, idx).to(device, /*non_blocking=*/true);
-    loss_sum += step(images, labels).item<double>();  // the progress line needs it; one sync per step
+    const int64_t run_step = observer_step + ran + 1;
+    StepPhases phases = observer != nullptr ? observer->begin_step(run_step) : StepPhases();
+    phases.begin();
+    const double loss = step(images, labels, phases).item<double>();  // the progress line needs it; one sync per step
+    phases.finish();
+    if (observer != nullptr) observer->end_step(run_step, epoch, loss, phases, idx.numel() * rank.world_size);
+    loss_sum += loss;
     ++ran;
     const bool go_on = !after_step || after_step(s + 1, steps);
     if (rank.rank == 0) {
@@ -277,6 +288,12 @@ double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch
   }
   if (rank.rank == 0) progress.end_epoch();
   return ran > 0 ? loss_sum / static_cast<double>(ran) : 0.0;
+}
+
+int64_t steps_per_epoch(int64_t train_samples, int64_t batch_size, int64_t world_size, bool global_order) {
+  if (global_order) return train_samples / (batch_size * world_size);
+  const int64_t local = (train_samples + world_size - 1) / world_size;  // the sampler pads every rank's shard alike
+  return (local + batch_size - 1) / batch_size;
 }
 
 namespace {
@@ -464,8 +481,18 @@ TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train,
   int64_t steps_here = 0;
   bool stop = false;
   Progress progress(progress_style(flags.quiet, stdout), flags.progress_every);
+  // The run's last step: every rank computes the same, so the observer's windows and logged steps pair up.
+  const bool global_order = flags.global_batch_size.has_value();
+  const int64_t epoch_steps = steps_per_epoch(train.images.size(0), batch, rank.world_size, global_order);
+  int64_t last_step = position.steps + std::max<int64_t>(0, flags.epochs - position.epoch + 1) * epoch_steps -
+                      (position.epoch <= flags.epochs ? position.batches_done : 0);
+  if (flags.stop_after_steps) last_step = std::min(last_step, position.steps + *flags.stop_after_steps);
+  ObserveFlags observe = flags.observe;
+  observe.resumed = !flags.resume.empty();
+  RunObserver observer(observe, rank.rank, rank.world_size, device, loop.observed, position.steps + 1, last_step);
   while (position.epoch <= flags.epochs && !stop) {
     const int64_t epoch = position.epoch;
+    const auto epoch_began = std::chrono::steady_clock::now();
     const double loss = train_epoch(
         train, static_cast<int>(epoch), flags.epochs, batch, device, rank, loop.step, progress, position.batches_done,
         [&](int64_t batches_done, int64_t batches_in_epoch) {
@@ -481,10 +508,20 @@ TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train,
           stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;
           return !stop;
         },
-        /*global_order=*/flags.global_batch_size.has_value());
+        global_order, &observer, position.steps);
     if (!stop && position.epoch == epoch) position = {epoch + 1, 0, position.steps};  // an epoch without batches
-    if (position.epoch > epoch && loop.end_epoch) loop.end_epoch(epoch, loss);
+    if (position.epoch > epoch) {
+      EpochRecord record;
+      record.epoch = epoch;
+      record.step = position.steps;
+      record.mean_loss = loss;
+      const auto trained = std::chrono::steady_clock::now();
+      record.seconds = std::chrono::duration<double>(trained - epoch_began).count();
+      if (loop.end_epoch) record.test_accuracy = loop.end_epoch(epoch, loss);
+      observer.end_epoch(record, std::chrono::duration<double>(std::chrono::steady_clock::now() - trained).count());
+    }
   }
+  observer.finish();
   if (stop && rank.rank == 0) {
     fmt::print("stopped after {} step(s) (--stop-after-steps), at epoch {}, batch {} of it (step {} of the run)\n",
                steps_here, position.epoch, position.batches_done, position.steps);
@@ -508,8 +545,20 @@ double test_accuracy(torch::nn::Module& module, const std::function<torch::Tenso
   return static_cast<double>(correct) / static_cast<double>(n);
 }
 
-void print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy) {
+double print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy) {
   fmt::print("epoch {}/{}: mean loss {:.4f} | test accuracy {:.2f}%\n", epoch, epochs, mean_loss, 100.0 * accuracy);
+  return accuracy;
+}
+
+StepValues step_values(torch::optim::Optimizer& optimizer, amp::Optimizer* amp_optimizer) {
+  StepValues values;
+  if (!optimizer.param_groups().empty()) values.lr = optimizer.param_groups().front().options().get_lr();
+  if (amp_optimizer != nullptr) {
+    const amp::ScalerDiagnostics diagnostics = amp_optimizer->scaler().diagnostics_now();
+    values.loss_scale = diagnostics.scale;
+    values.skipped_steps = diagnostics.skipped_steps;
+  }
+  return values;
 }
 
 bool final_save_needed(const CommonFlags& flags, const TrainingPosition& start, const TrainingPosition& end) {

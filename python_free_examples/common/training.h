@@ -16,7 +16,9 @@
 #include <CLI/CLI.hpp>
 
 #include "common/fashion_mnist.h"
+#include "common/metrics.h"
 #include "common/progress.h"
+#include "common/run_observer.h"
 
 namespace examples {
 
@@ -25,7 +27,8 @@ constexpr double kSgdMomentum = 0.9;
 
 /// The flags every example takes (--epochs, --batch-size, --lr, --seed, --device, --synthetic, --data,
 /// --limit-train, --save, --save-every, --resume, --checkpoint-dir, --keep-last, --quiet, --progress-every,
-/// --stop-after-steps).
+/// --stop-after-steps, and what the run records: --metrics, --metrics-every, --report, --timeline,
+/// --timeline-steps).
 struct CommonFlags {
   std::string data_dir = kDefaultFashionMnistDir;
   bool synthetic = false;
@@ -46,6 +49,7 @@ struct CommonFlags {
   bool quiet = false;                       // no progress line (Progress, ProgressStyle::kQuiet)
   double progress_every = 10.0;             // seconds between progress lines when stdout is not a terminal
   std::optional<int64_t> stop_after_steps;  // for testing resumption: stop after S steps of this process
+  ObserveFlags observe;                     // --metrics, --report, --timeline (docs/observability.md)
 };
 
 /// Registers CommonFlags on `app`, and makes --help show the default of these and of every option added after
@@ -60,8 +64,8 @@ std::optional<int> parse_flags(CLI::App& app, int argc, char** argv);
 
 /// Checks what CLI11 cannot say well: --epochs and --batch-size positive, --lr positive and finite, --limit-train
 /// and --progress-every not negative, --save-every and --stop-after-steps positive when given, --save-every only with
-/// --save, --resume an existing file, --save's folder existing. Throws std::invalid_argument naming the flag and its
-/// value. Called before anything is loaded or written.
+/// --save, --resume an existing file, --save's folder existing, and check_observe_flags. Throws std::invalid_argument
+/// naming the flag and its value. Called before anything is loaded or written.
 void check_common_flags(const CommonFlags& flags);
 
 /// Each process's batch: --batch-size, or --global-batch-size / world_size. Throws std::invalid_argument naming
@@ -109,9 +113,11 @@ amp::Options amp_options(const std::string& opt_level, c10::ScalarType half_dtyp
 /// when no CUDA GPU is visible, or when the GPU's index is not below the number visible.
 torch::Device pick_device(const std::string& name, int local_rank = 0);
 
-/// One training step on a batch already on the device: zero the gradients, forward, backward, optimizer step.
-/// Returns the loss (any device, one element).
-using StepFn = std::function<torch::Tensor(const torch::Tensor& images, const torch::Tensor& labels)>;
+/// One training step on a batch already on the device: zero the gradients, forward, backward, optimizer step,
+/// marking the end of each on `phases` (phases.end(Phase::kForward) once the loss is computed, kBackward after
+/// backward, kOptimizer after the step). Returns the loss (any device, one element).
+using StepFn =
+    std::function<torch::Tensor(const torch::Tensor& images, const torch::Tensor& labels, StepPhases& phases)>;
 
 /// Where this process stands in the job: its shard of each epoch and whether it prints.
 struct Rank {
@@ -130,10 +136,16 @@ using AfterStepFn = std::function<bool(int64_t batches_done, int64_t batches_in_
 /// sampler's with one replica), step s takes its samples [s * B, (s + 1) * B) for the job's batch B = batch_size x
 /// world size, rank r the r-th part of them, and a last part-batch is left out: the same samples per step on any
 /// number of processes. Rank 0 shows its progress on `progress` (the mean loss, the job's samples/s over all
-/// ranks, the ETA). Returns the mean loss of the batches this call ran.
+/// ranks, the ETA). With an `observer`, the run's steps are numbered from `observer_step` + 1 and each is reported
+/// to it (RunObserver::begin_step / end_step). Returns the mean loss of the batches this call ran.
 double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
                    const Rank& rank, const StepFn& step, Progress& progress, int64_t first_batch = 0,
-                   const AfterStepFn& after_step = {}, bool global_order = false);
+                   const AfterStepFn& after_step = {}, bool global_order = false, RunObserver* observer = nullptr,
+                   int64_t observer_step = 0);
+
+/// The number of steps of one epoch of `train_samples` samples in batches of `batch_size` per process on
+/// `world_size` processes (with `global_order` a last part-batch of the job is left out), as train_epoch takes them.
+int64_t steps_per_epoch(int64_t train_samples, int64_t batch_size, int64_t world_size, bool global_order);
 
 /// Where a run stands, recorded in every checkpoint so that a resumed run continues exactly where the saved one
 /// stood (docs/examples.md, "Resuming").
@@ -184,17 +196,23 @@ TrainingPosition resume_position(const std::string& path, const std::optional<Ru
 /// The example's part of a training run: the step, saving and evaluation.
 struct Loop {
   StepFn step;
+  /// What --metrics and --report read beyond the loss (the run's header line, lr, loss scale, the process group
+  /// and DDP): see ObservedRun.
+  ObservedRun observed;
   /// Writes --save with the run at `position` (called on rank 0 only, or on every rank with save_on_every_rank).
   std::function<void(const TrainingPosition& position)> save;
   /// The save is collective (ZeRO: every rank gathers, rank 0 writes): call it on every rank.
   bool save_on_every_rank = false;
-  /// After each whole epoch: its number and the mean loss of this process's batches of it.
-  std::function<void(int64_t epoch, double mean_loss)> end_epoch;
+  /// After each whole epoch: its number and the mean loss of this process's batches of it. Returns the test
+  /// accuracy (0..1) when this process evaluated (for --metrics and --report), else nullopt.
+  std::function<std::optional<double>(int64_t epoch, double mean_loss)> end_epoch;
 };
 
 /// Trains from `position` to the end of epoch --epochs with train_epoch, calling `loop.save` on rank 0 every
 /// --save-every steps of the run. Stops early after --stop-after-steps steps of this process (the run is then
-/// mid-way, as if interrupted). Returns the position reached; the caller writes the final --save with it.
+/// mid-way, as if interrupted). Records the run as --metrics, --report and --timeline ask (RunObserver; rank 0
+/// writes the files; collective on logged steps). Returns the position reached; the caller writes the final
+/// --save with it.
 TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
                               const Rank& rank, TrainingPosition position, const Loop& loop);
 
@@ -222,8 +240,13 @@ void write_checkpoint(const CommonFlags& flags, const TrainingPosition& at, cons
 double test_accuracy(torch::nn::Module& module, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                      const ImageSplit& split, const torch::Device& device);
 
+/// What --metrics logs beside the loss for a run that steps `optimizer` (the learning rate of its first parameter
+/// group) and, with amp, `amp_optimizer`'s loss scale and skipped steps (read with a host sync: logged steps only).
+StepValues step_values(torch::optim::Optimizer& optimizer, amp::Optimizer* amp_optimizer = nullptr);
+
 /// Prints "epoch E/N: ... test accuracy X%" (rank 0's line after its progress line).
-void print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy);
+/// Returns `accuracy`, for Loop::end_epoch.
+double print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy);
 
 /// Saves `module`, `optimizer` (a plain torch::optim optimizer) and `run` to one file, atomically
 /// (amp::save_archive_atomically): a writer stopped at any point leaves the previous file whole.

@@ -211,6 +211,21 @@ TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
        {{"--save", scratch.file("no_folder/model.pt")}},
        {"--save '" + scratch.file("no_folder/model.pt") + "': the folder '" + scratch.file("no_folder") +
         "' does not exist"}},
+      {"--metrics into a missing folder",
+       {{"--metrics", scratch.file("no_folder/metrics.jsonl")}},
+       {"--metrics '" + scratch.file("no_folder/metrics.jsonl") + "': the folder '" + scratch.file("no_folder") +
+        "' does not exist"}},
+      {"--report is a folder", {{"--report", scratch.path()}}, {"--report '" + scratch.path() + "': it is a folder"}},
+      {"--metrics-every 0",
+       {{"--metrics", scratch.file("metrics.jsonl")}, {"--metrics-every", "0"}},
+       {"--metrics-every must be a positive number of steps, got 0"}},
+      {"--timeline-steps 3:2",
+       {{"--timeline", scratch.file("trace.json")}, {"--timeline-steps", "3:2"}},
+       {"--timeline-steps '3:2': give the steps of the run as A or A:B with 1 <= A <= B"}},
+      // The quick run takes one step: a window beyond it is refused before training, and no file is written.
+      {"--timeline-steps outside the run",
+       {{"--report", scratch.file("report.html")}, {"--timeline-steps", "5:9"}},
+       {"--timeline-steps '5:9': this run takes steps 1..1 only"}},
       {"--cpu-replicas 0",
        {{"--cpu-replicas", "0"}},
        {"--cpu-replicas must be a positive integer, got 0"},

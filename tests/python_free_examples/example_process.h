@@ -108,6 +108,18 @@ inline ProcessResult run_process(const std::vector<std::string>& argv, const std
 
 using test_util::read_file;
 
+/// The lines of `text` (without their newlines); the last one must end in a newline too.
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  for (size_t end = text.find('\n'); end != std::string::npos; end = text.find('\n', begin)) {
+    lines.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  EXPECT_EQ(begin, text.size()) << "the last line has no newline: " << text;
+  return lines;
+}
+
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }

@@ -38,16 +38,7 @@ class Captured {
   std::FILE* file_;
 };
 
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  size_t begin = 0;
-  for (size_t end = text.find('\n'); end != std::string::npos; end = text.find('\n', begin)) {
-    lines.push_back(text.substr(begin, end - begin));
-    begin = end + 1;
-  }
-  EXPECT_EQ(begin, text.size()) << "the last line has no newline: " << text;
-  return lines;
-}
+using example_test::lines_of;
 
 /// An epoch of `steps` one-second steps from `first` on, each shown with `last` false.
 void run_epoch(Progress& progress, int64_t steps, int64_t first = 0) {

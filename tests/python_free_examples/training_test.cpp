@@ -143,9 +143,12 @@ TEST(TrainEpochsTest, SavesEveryKStepsOfTheRunAndStopsMidEpoch) {
   std::vector<int64_t> saved_at;
   std::vector<int64_t> ended;
   examples::Loop loop;
-  loop.step = [](const torch::Tensor&, const torch::Tensor&) { return torch::zeros({}); };
+  loop.step = [](const torch::Tensor&, const torch::Tensor&, examples::StepPhases&) { return torch::zeros({}); };
   loop.save = [&](const examples::TrainingPosition& at) { saved_at.push_back(at.steps); };
-  loop.end_epoch = [&](int64_t epoch, double) { ended.push_back(epoch); };
+  loop.end_epoch = [&](int64_t epoch, double) -> std::optional<double> {
+    ended.push_back(epoch);
+    return std::nullopt;
+  };
   // From step 2 (epoch 1, batch 2): steps 3..6 run; the save at step 3 is inside epoch 1, at 6 inside epoch 2.
   const auto start = examples::TrainingPosition{1, 2, 2};
   const auto end = examples::train_epochs(flags, train, torch::kCPU, examples::Rank{}, start, loop);
@@ -174,7 +177,7 @@ TEST(TrainEpochsTest, AGlobalBatchGivesEachStepTheSameSamplesOnAnyNumberOfRanks)
     for (int rank = 0; rank < world_size; ++rank) {
       size_t step = 0;
       examples::Loop loop;
-      loop.step = [&](const torch::Tensor&, const torch::Tensor& labels) {
+      loop.step = [&](const torch::Tensor&, const torch::Tensor& labels, examples::StepPhases&) {
         EXPECT_EQ(labels.numel(), 12 / world_size);
         if (steps.size() <= step) steps.resize(step + 1);
         for (int64_t i = 0; i < labels.numel(); ++i) steps[step].push_back(labels[i].item<int64_t>());

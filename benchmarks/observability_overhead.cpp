@@ -1,0 +1,120 @@
+// Question: what do --metrics (at its default interval) and a --report with its timeline window cost a training
+// step? Trains the examples' CNN (DDP over the launcher's ranks when started by ddp-launch, else one process) through
+// examples::train_epochs, the loop every example runs, one epoch per run, under three settings: nothing recorded;
+// --metrics every --metrics-every steps (each logged step: phase times, one allgather of the ranks' times, a JSON
+// line); and --metrics plus --report and --timeline (the default 3-step window recorded and gathered, the report
+// written). The settings take turns, --rounds times, the order rotating each round, and it prints each setting's
+// median step time against the unrecorded one's in the same round: the ratio, and its spread over the rounds.
+//   ./bench_observability_overhead --rounds 9
+//   ddp-launch --nproc-per-node 2 ./bench_observability_overhead --rounds 9
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/launch/launch_env.h>
+#include <ddp/process_group.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include "common/small_cnn.h"
+#include "common/training.h"
+
+namespace {
+
+struct Setting {
+  std::string name;
+  bool metrics = false;
+  bool report = false;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 9;
+  int64_t samples = 4096;
+  int64_t batch = 64;
+  int64_t metrics_every = 10;
+  std::string out = "/tmp";
+  CLI::App app{"What --metrics and --report cost a training step (examples::train_epochs, CPU)"};
+  app.add_option("--rounds", rounds, "Rounds; each runs every setting once, in rotating order")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--samples", samples, "Synthetic training samples per epoch (one epoch per run)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch, "Batch per process")->check(CLI::PositiveNumber);
+  app.add_option("--metrics-every", metrics_every, "The metrics' interval in steps (the examples' default: 10)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--out", out, "Folder for the scratch metrics, report and trace files");
+  CLI11_PARSE(app, argc, argv);
+
+  return examples::run_main("bench_observability_overhead", [&] {
+    std::optional<ddp::ProcessGroup> group;
+    if (ddp::launched_by_launcher()) group.emplace(ddp::init_process_group(ddp::InitOptions().backend("gloo")));
+    const examples::Rank rank{group ? group->rank() : 0, group ? group->size() : 1};
+    torch::manual_seed(0);
+    const examples::ImageSplit train = examples::synthetic_fashion_mnist(samples, 0, /*train=*/true);
+    examples::SmallCnn net;
+    std::optional<ddp::DistributedDataParallel> ddp;
+    if (group) ddp.emplace(net, *group);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(examples::kSgdMomentum));
+
+    const std::vector<Setting> settings = {{"nothing recorded", false, false},
+                                           {fmt::format("--metrics (every {} steps)", metrics_every), true, false},
+                                           {"--metrics --report --timeline", true, true}};
+    std::vector<std::vector<double>> step_ms(settings.size());  // [setting][round]
+    const int64_t steps = examples::steps_per_epoch(samples, batch, rank.world_size, false);
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t k = 0; k < settings.size(); ++k) {
+        const size_t s = (k + static_cast<size_t>(round)) % settings.size();
+        examples::CommonFlags flags;
+        flags.batch_size = batch;
+        flags.quiet = true;
+        if (settings[s].metrics) {
+          flags.observe.metrics = out + "/observability_overhead.jsonl";
+          flags.observe.metrics_every = metrics_every;
+        }
+        if (settings[s].report) {
+          flags.observe.report = out + "/observability_overhead.html";
+          flags.observe.timeline = out + "/observability_overhead_trace.json";
+        }
+        examples::Loop loop;
+        loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
+          sgd.zero_grad();
+          auto loss = torch::cross_entropy_loss(ddp ? ddp->forward(images) : net->forward(images), labels);
+          phases.end(examples::Phase::kForward);
+          loss.backward();
+          phases.end(examples::Phase::kBackward);
+          sgd.step();
+          phases.end(examples::Phase::kOptimizer);
+          return loss;
+        };
+        loop.observed = {"bench_observability_overhead", [&] { return examples::step_values(sgd); },
+                         group ? &*group : nullptr, ddp ? &*ddp : nullptr};
+        if (group) group->barrier();
+        const auto began = std::chrono::steady_clock::now();
+        examples::train_epochs(flags, train, torch::kCPU, rank, {}, loop);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+        step_ms[s].push_back(ms / static_cast<double>(steps));
+      }
+    }
+    if (rank.rank != 0) return;
+    fmt::print("{} process(es), {} steps of batch {} per run, {} rounds, CPU threads {}\n", rank.world_size, steps,
+               batch, rounds, at::get_num_threads());
+    fmt::print("{:<36} {:>14} {:>22}\n", "setting", "step ms (med)", "x nothing: med [min, max]");
+    for (size_t s = 0; s < settings.size(); ++s) {
+      std::vector<double> ratios;
+      for (int r = 0; r < rounds; ++r) ratios.push_back(step_ms[s][r] / step_ms[0][r]);
+      fmt::print("{:<36} {:>14.3f} {:>10.4f} [{:.4f}, {:.4f}]\n", settings[s].name, median(step_ms[s]), median(ratios),
+                 *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
+    }
+  });
+}

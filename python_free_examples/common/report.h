@@ -1,0 +1,56 @@
+#pragma once
+
+// The HTML report of one training run (--report FILE.html, docs/observability.md): one self-contained page (inline
+// SVG figures, a few lines of inline script, no network), readable without JavaScript.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ddp/timeline.h>
+
+#include "common/metrics.h"
+
+namespace examples {
+
+/// What the report shows.
+struct RunReport {
+  std::string title = "Training run";
+  std::string description;  // the run's header line (its configuration)
+  int world_size = 1;
+  std::vector<StepRecord> steps;                          // the logged steps
+  std::vector<EpochRecord> epochs;                        // the ends of epochs
+  std::vector<std::vector<ddp::TimelineEvent>> timeline;  // per rank, the recorded window (may be empty)
+};
+
+/// Points a chart draws at most per series; longer series are thinned to every k-th point (the last one kept).
+constexpr size_t kMaxChartPoints = 400;
+
+/// One line of a chart: (x, y) points in x order.
+struct ChartSeries {
+  std::string name;
+  std::vector<std::pair<double, double>> points;
+};
+
+/// An SVG line chart (<svg id="`id`">), with axes, ticks, a legend and each point's value as a tooltip (<title>).
+/// `log_y`: a base-2 logarithmic y axis (for the loss scale; points <= 0 are left out).
+std::string line_chart_svg(const std::string& id, const std::string& y_label, const std::vector<ChartSeries>& series,
+                           bool log_y = false);
+
+/// The Gantt chart of a recorded window (<svg id="`id`">): per rank its lanes (the loop's phases, bucket readiness,
+/// allreduces, amp's unscale), times in ms from the window's first event.
+std::string timeline_svg(const std::string& id, const std::vector<std::vector<ddp::TimelineEvent>>& per_rank);
+
+/// The page. Its figures have the ids fig-loss, fig-accuracy (with epochs that evaluated), fig-throughput,
+/// fig-scale (amp runs), fig-rank-step-time and fig-timeline (with a recorded window); the summary table is
+/// id="summary". The page's script sets <body data-report-ready="1"> as its last statement.
+std::string report_html(const RunReport& report);
+
+/// A whole self-contained page around `body` (its style, and the script that ends by setting
+/// <body data-report-ready="1">): what report_html and the main job's report share.
+std::string html_page(const std::string& title, const std::string& body);
+
+/// `text` with &, <, >, " escaped for HTML.
+std::string html_escape(const std::string& text);
+
+}  // namespace examples

@@ -1,0 +1,164 @@
+#include <ddp/timeline.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ddp/distributed_data_parallel.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ddp/ddp_mlp_test_util.h"
+#include "ddp/ddp_test_util.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace ddp_mlp;  // NOLINT(google-build-using-namespace): the shared test model
+using Clock = ddp::Timeline::Clock;
+
+Clock::time_point at_us(int64_t microseconds) { return Clock::time_point(std::chrono::microseconds(microseconds)); }
+
+ddp::TimelineEvent event(const std::string& name, const std::string& lane, int64_t step, double start, double end) {
+  return ddp::TimelineEvent{name, lane, step, -1, start, end};
+}
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+TEST(TimelineTest, KeepsOnlyTheStepsOfItsWindow) {
+  ddp::Timeline timeline(ddp::TimelineWindow{2, 3});
+  for (int64_t step = 1; step <= 4; ++step) {
+    timeline.begin_step(step);
+    EXPECT_EQ(timeline.recording(), step == 2 || step == 3) << "step " << step;
+    timeline.add("forward", "step", at_us(10 * step), at_us(10 * step + 5));
+    timeline.end_step();
+    EXPECT_FALSE(timeline.recording());
+    EXPECT_EQ(timeline.finished(), step >= 3) << "step " << step;
+  }
+  timeline.add("outside", "step", at_us(0), at_us(1));  // between steps: dropped
+  const auto events = timeline.resolve();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].step, 2);
+  EXPECT_EQ(events[1].step, 3);
+  EXPECT_DOUBLE_EQ(events[0].start_us, 20.0);
+  EXPECT_DOUBLE_EQ(events[0].end_us, 25.0);
+}
+
+TEST(TimelineTest, RefusesAWindowThatIsEmptyOrBeforeStepOne) {
+  EXPECT_THROW(ddp::Timeline(ddp::TimelineWindow{0, 2}), std::invalid_argument);
+  EXPECT_THROW(ddp::Timeline(ddp::TimelineWindow{3, 2}), std::invalid_argument);
+  EXPECT_NO_THROW(ddp::Timeline(ddp::TimelineWindow{5, 5}));
+}
+
+TEST(TimelineTest, ChromeTraceHasAProcessPerRankAThreadPerLaneAndStartsAtZero) {
+  const std::vector<std::vector<ddp::TimelineEvent>> per_rank = {
+      {event("forward", "step", 1, 1000, 1500), event("allreduce bucket 0", "comm", 1, 1400, 1700)},
+      {event("forward", "step", 1, 1100, 1600), event("say \"hi\"", "step", 1, 1600, 1601)}};
+  const std::string json = ddp::chrome_trace_json(per_rank);
+  EXPECT_EQ(count(json, "\"name\": \"process_name\""), 2u);
+  EXPECT_EQ(count(json, "\"name\": \"thread_name\""), 3u);  // rank 0: step, comm; rank 1: step
+  EXPECT_EQ(count(json, "\"ph\": \"X\""), 4u);
+  EXPECT_NE(json.find("\"ts\": 0,"), std::string::npos) << json;  // the earliest event starts at 0
+  EXPECT_NE(json.find("\"ts\": 400, \"dur\": 300"), std::string::npos) << json;
+  EXPECT_NE(json.find("say \\\"hi\\\""), std::string::npos) << "names are escaped: " << json;
+  EXPECT_EQ(json.substr(0, 1), "{");
+  EXPECT_EQ(json.substr(json.size() - 3), "]}\n");
+}
+
+TEST(TimelineTest, OverlapIsTheShareOfAllreduceTimeBeforeBackwardWaitsForIt) {
+  // Autograd finished at 100 (the wait began): allreduce [0, 50] was hidden entirely, [50, 150] half.
+  std::vector<ddp::TimelineEvent> events = {event(ddp::kAllreduceWaitEvent, "step", 1, 100, 150),
+                                            event("allreduce bucket 0", "comm", 1, 0, 50),
+                                            event("allreduce bucket 1", "comm", 1, 50, 150)};
+  EXPECT_NEAR(*ddp::allreduce_overlap(events), 100.0 / 150.0, 1e-12);
+  events[1].start_us = 120;  // now entirely after
+  events[1].end_us = 140;
+  EXPECT_NEAR(*ddp::allreduce_overlap(events), 50.0 / 120.0, 1e-12);
+  EXPECT_FALSE(ddp::allreduce_overlap({event("forward", "step", 1, 0, 1)}).has_value());
+}
+
+/// Per step of `events`: the named event's interval (each must be there once).
+std::map<int64_t, std::pair<double, double>> intervals(const std::vector<ddp::TimelineEvent>& events,
+                                                       const std::string& name) {
+  std::map<int64_t, std::pair<double, double>> out;
+  for (const auto& e : events) {
+    if (e.name != name) continue;
+    TORCH_CHECK(!out.count(e.step), name, " twice in step ", e.step);
+    out[e.step] = {e.start_us, e.end_us};
+  }
+  return out;
+}
+
+// The DDP protocol as the timeline must show it, on each rank of a real 2-rank run: a bucket's allreduce starts when
+// it is ready (after backward began) and in bucket order, ends before backward stops waiting for it, and the optimizer
+// step starts after the last allreduce ended. Also checks gather_timeline: rank 0 sees every rank's events.
+TEST(DistributedDataParallelTimelineTest, EventsAreOrderedAndNestedAsTheDdpProtocolSays) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  constexpr int64_t kSteps = 4;
+  run_ranks([seed](int rank, const ddp::ProcessGroup& pg) {
+    const Data data = shard(make_data(seed + 3), rank, pg.size());
+    Mlp model = make_model(seed, rank);
+    ddp::DistributedDataParallel ddp(
+        model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(0.002).first_bucket_mb(0.002));  // 4 buckets
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.01));
+    auto timeline = std::make_shared<ddp::Timeline>(ddp::TimelineWindow{3, 4});  // after the bucket rebuild
+    ddp.set_timeline(timeline);
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      timeline->begin_step(step);
+      const auto began = Clock::now();
+      sgd.zero_grad();
+      auto loss = torch::mse_loss(ddp.forward(data.x), data.y);
+      const auto forward_done = Clock::now();
+      timeline->add("forward", "step", began, forward_done);
+      loss.backward();
+      const auto backward_done = Clock::now();
+      timeline->add("backward", "step", forward_done, backward_done);
+      sgd.step();
+      timeline->add("optimizer step", "step", backward_done, Clock::now());
+      timeline->end_step();
+    }
+    const auto gathered = ddp::gather_timeline(pg, timeline->resolve());
+    TORCH_CHECK(gathered.size() == 2u, "gathered ", gathered.size(), " ranks");
+    const auto buckets = static_cast<int64_t>(ddp.buckets().size());
+    TORCH_CHECK(buckets >= 3, "the test needs several buckets, got ", buckets);
+    for (size_t r = 0; r < gathered.size(); ++r) {
+      const auto& events = gathered[r];
+      const auto backward = intervals(events, "backward");
+      const auto wait = intervals(events, ddp::kAllreduceWaitEvent);
+      const auto optimizer = intervals(events, "optimizer step");
+      TORCH_CHECK(backward.size() == 2u && wait.size() == 2u && optimizer.size() == 2u, "rank ", r,
+                  ": steps 3 and 4 each need backward, its wait and the optimizer step");
+      for (int64_t step = 3; step <= 4; ++step) {
+        const auto [b0, b1] = backward.at(step);
+        const auto [w0, w1] = wait.at(step);
+        TORCH_CHECK(b0 <= w0 && w1 <= b1, "rank ", r, " step ", step, ": the wait is not inside backward");
+        double previous_start = b0;
+        for (int64_t i = 0; i < buckets; ++i) {
+          const auto ready = intervals(events, c10::str("bucket ", i, " ready")).at(step);
+          const auto [a0, a1] = intervals(events, c10::str("allreduce bucket ", i)).at(step);
+          TORCH_CHECK(ready.first == ready.second, "bucket readiness is an instant");
+          TORCH_CHECK(ready.first <= a0 && a0 <= a1, "rank ", r, " step ", step, " bucket ", i,
+                      ": its allreduce starts before it is ready");
+          TORCH_CHECK(a0 >= previous_start, "rank ", r, " step ", step, ": bucket ", i, " started before bucket ",
+                      i - 1, " or before backward");
+          TORCH_CHECK(a1 <= w1, "rank ", r, " step ", step, ": allreduce of bucket ", i,
+                      " ends after backward stopped waiting");
+          TORCH_CHECK(a1 <= optimizer.at(step).first, "rank ", r, " step ", step,
+                      ": the optimizer step starts before "
+                      "the allreduce of bucket ",
+                      i, " ended");
+          previous_start = a0;
+        }
+      }
+    }
+    ddp.set_timeline(nullptr);
+  });
+}
+
+}  // namespace
