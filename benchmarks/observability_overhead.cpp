@@ -4,7 +4,10 @@
 // --metrics every --metrics-every steps (each logged step: phase times, one allgather of the ranks' times, a JSON
 // line); and --metrics plus --report and --timeline (the default 3-step window recorded and gathered, the report
 // written). The settings take turns, --rounds times, the order rotating each round, and it prints each setting's
-// median step time against the unrecorded one's in the same round: the ratio, and its spread over the rounds.
+// median step time against the unrecorded one's in the same round: the ratio, and its spread over the rounds. Since a
+// 1% cost is far inside the rounds' spread on a shared 2-core machine, it also times the recording alone: the
+// observer's per-step calls (RunObserver::begin_step, the phase marks, end_step with its gather and JSON line on logged
+// steps) for --observer-steps steps without training, as microseconds per step and as a share of the measured step.
 //   ./bench_observability_overhead --rounds 9
 //   ddp-launch --nproc-per-node 2 ./bench_observability_overhead --rounds 9
 #include <algorithm>
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
   int64_t batch = 64;
   int64_t metrics_every = 10;
   std::string out = "/tmp";
+  int64_t observer_steps = 2000;
   CLI::App app{"What --metrics and --report cost a training step (examples::train_epochs, CPU)"};
   app.add_option("--rounds", rounds, "Rounds; each runs every setting once, in rotating order")
       ->check(CLI::PositiveNumber);
@@ -54,6 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-every", metrics_every, "The metrics' interval in steps (the examples' default: 10)")
       ->check(CLI::PositiveNumber);
   app.add_option("--out", out, "Folder for the scratch metrics, report and trace files");
+  app.add_option("--observer-steps", observer_steps, "Steps of the observer timed alone")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   return examples::run_main("bench_observability_overhead", [&] {
@@ -67,6 +72,20 @@ int main(int argc, char** argv) {
     if (group) ddp.emplace(net, *group);
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(examples::kSgdMomentum));
 
+    const auto flags_of = [&](const Setting& setting) {
+      examples::CommonFlags flags;
+      flags.batch_size = batch;
+      flags.quiet = true;
+      if (setting.metrics) {
+        flags.observe.metrics = out + "/observability_overhead.jsonl";
+        flags.observe.metrics_every = metrics_every;
+      }
+      if (setting.report) {
+        flags.observe.report = out + "/observability_overhead.html";
+        flags.observe.timeline = out + "/observability_overhead_trace.json";
+      }
+      return flags;
+    };
     const std::vector<Setting> settings = {{"nothing recorded", false, false},
                                            {fmt::format("--metrics (every {} steps)", metrics_every), true, false},
                                            {"--metrics --report --timeline", true, true}};
@@ -75,17 +94,7 @@ int main(int argc, char** argv) {
     for (int round = 0; round < rounds; ++round) {
       for (size_t k = 0; k < settings.size(); ++k) {
         const size_t s = (k + static_cast<size_t>(round)) % settings.size();
-        examples::CommonFlags flags;
-        flags.batch_size = batch;
-        flags.quiet = true;
-        if (settings[s].metrics) {
-          flags.observe.metrics = out + "/observability_overhead.jsonl";
-          flags.observe.metrics_every = metrics_every;
-        }
-        if (settings[s].report) {
-          flags.observe.report = out + "/observability_overhead.html";
-          flags.observe.timeline = out + "/observability_overhead_trace.json";
-        }
+        const examples::CommonFlags flags = flags_of(settings[s]);
         examples::Loop loop;
         loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
           sgd.zero_grad();
@@ -106,15 +115,41 @@ int main(int argc, char** argv) {
         step_ms[s].push_back(ms / static_cast<double>(steps));
       }
     }
+    // The recording alone: what the observer adds to each step, without the training around it.
+    std::vector<double> observer_us(settings.size(), 0.0);
+    for (size_t s = 1; s < settings.size(); ++s) {
+      const examples::ObservedRun observed{"bench_observability_overhead", [&] { return examples::step_values(sgd); },
+                                           group ? &*group : nullptr, ddp ? &*ddp : nullptr};
+      examples::RunObserver observer(flags_of(settings[s]).observe, rank.rank, rank.world_size, torch::kCPU, observed,
+                                     1, observer_steps);
+      if (group) group->barrier();
+      const auto began = std::chrono::steady_clock::now();
+      for (int64_t step = 1; step <= observer_steps; ++step) {
+        examples::StepPhases phases = observer.begin_step(step);
+        phases.begin();
+        phases.end(examples::Phase::kForward);
+        phases.end(examples::Phase::kBackward);
+        phases.end(examples::Phase::kOptimizer);
+        phases.finish();
+        observer.end_step(step, 1, 1.0, phases, batch * rank.world_size);
+      }
+      observer.finish();
+      observer_us[s] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - began).count() /
+                       static_cast<double>(observer_steps);
+    }
     if (rank.rank != 0) return;
     fmt::print("{} process(es), {} steps of batch {} per run, {} rounds, CPU threads {}\n", rank.world_size, steps,
                batch, rounds, at::get_num_threads());
-    fmt::print("{:<36} {:>14} {:>22}\n", "setting", "step ms (med)", "x nothing: med [min, max]");
+    fmt::print("{:<36} {:>14} {:>28} {:>22}\n", "setting", "step ms (med)", "x nothing: med [min, max]",
+               "recording us/step (%)");
+    const double step_med_ms = median(step_ms[0]);
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<double> ratios;
       for (int r = 0; r < rounds; ++r) ratios.push_back(step_ms[s][r] / step_ms[0][r]);
-      fmt::print("{:<36} {:>14.3f} {:>10.4f} [{:.4f}, {:.4f}]\n", settings[s].name, median(step_ms[s]), median(ratios),
-                 *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
+      fmt::print("{:<36} {:>14.3f} {:>10.4f} [{:.4f}, {:.4f}] {:>12.2f} ({:.3f}%)\n", settings[s].name,
+                 median(step_ms[s]), median(ratios), *std::min_element(ratios.begin(), ratios.end()),
+                 *std::max_element(ratios.begin(), ratios.end()), observer_us[s],
+                 100.0 * observer_us[s] / (1000.0 * step_med_ms));
     }
   });
 }
