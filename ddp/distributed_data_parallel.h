@@ -221,8 +221,8 @@ class DistributedDataParallel {
   /// (nullptr: stop): per bucket "bucket i ready" (lane "buckets", an instant: its last gradient is ready and its
   /// allreduce is issued), "allreduce bucket i" (lane "comm": issued until ended; on the CPU the end is taken on the
   /// communication thread when the work completes, on CUDA by events on the streams), the consumer's pass over it
-  /// ("<consumer_label> bucket i", lane "amp"), and kAllreduceWaitEvent (lane "step"). No host sync. Call it outside
-  /// backward.
+  /// ("<consumer_label> bucket i", lane "amp"), and kAllreduceWaitEvent (lane "step"). No host sync. Takes effect
+  /// from the next backward pass (nullptr: at once); never throws.
   void set_timeline(std::shared_ptr<Timeline> timeline);
   /// How set_timeline names the bucket consumer's pass ("unscale" for amp's); default "consume".
   void set_bucket_consumer_label(std::string label);

@@ -22,12 +22,6 @@ bool on_device(const std::optional<c10::Stream>& stream) {
   return stream && stream->device_type() != c10::DeviceType::CPU;
 }
 
-/// Host microseconds of a device mark: the step's reference point plus the device time between them.
-double device_microseconds(const c10::Event& reference, std::chrono::steady_clock::time_point reference_host,
-                           const c10::Event& event) {
-  return steady_microseconds(reference_host) + 1000.0 * reference.elapsedTime(event);
-}
-
 // The bytes one rank sends in gather_timeline: per event its name and lane (length, bytes), then step, bucket, start
 // and end; the first 8 bytes are the host's id.
 void put_bytes(std::string& out, const void* data, size_t size) { out.append(static_cast<const char*>(data), size); }
@@ -73,30 +67,18 @@ double steady_microseconds(Timeline::Clock::time_point time) {
 }
 
 Timeline::Timeline(TimelineWindow window) : window_(window) {
-  if (window.first_step < 1 || window.last_step < window.first_step) {
-    throw std::invalid_argument(c10::str("Timeline: the window must be steps first..last with 1 <= first <= last, got ",
-                                         window.first_step, "..", window.last_step));
+  if (window.first_step < 1 || window.last_step < window.first_step ||
+      window.last_step - window.first_step >= kMaxTimelineSteps) {
+    throw std::invalid_argument(
+        c10::str("Timeline: the window must be steps first..last with 1 <= first <= last, at most ", kMaxTimelineSteps,
+                 " steps, got ", window.first_step, "..", window.last_step));
   }
 }
 
-void Timeline::begin_step(int64_t step, const std::optional<c10::Stream>& stream) {
-  const bool inside = step >= window_.first_step && step <= window_.last_step;
-  std::optional<Reference> reference;
-  if (inside && on_device(stream)) {
-    auto event = std::make_shared<c10::Event>(stream->device_type(), c10::EventFlag::BACKEND_DEFAULT);
-    event->record(*stream);
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (references_.empty()) {
-      event->synchronize();  // the one host sync: places the window's device times on the host clock
-      reference = Reference{event, Clock::now()};
-    } else {
-      reference = Reference{event, references_.front().host};  // placed through the first reference at resolve()
-    }
-  }
+void Timeline::begin_step(int64_t step) {
   std::lock_guard<std::mutex> lock(mutex_);
   step_ = step;
-  in_step_ = inside;
-  if (reference) references_.push_back(std::move(*reference));
+  in_step_ = step >= window_.first_step && step <= window_.last_step;
 }
 
 void Timeline::end_step() {
@@ -135,12 +117,7 @@ void Timeline::add(const std::string& name, const std::string& lane, const Mark&
                    int64_t bucket) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!in_step_) return;
-  Pending pending{TimelineEvent{name, lane, step_, bucket, 0.0, 0.0}, start, end, 0};
-  if (start.event || end.event) {
-    TORCH_CHECK(!references_.empty(), "Timeline: a device mark in a step begun without its stream");
-    pending.reference = references_.size() - 1;
-  }
-  pending_.push_back(std::move(pending));
+  pending_.push_back(Pending{TimelineEvent{name, lane, step_, bucket, 0.0, 0.0}, start, end});
 }
 
 void Timeline::add(const std::string& name, const std::string& lane, Clock::time_point start, Clock::time_point end,
@@ -150,24 +127,32 @@ void Timeline::add(const std::string& name, const std::string& lane, Clock::time
 
 std::vector<TimelineEvent> Timeline::resolve() {
   std::lock_guard<std::mutex> lock(mutex_);
-  // A later step's reference is placed through the first one: its host time is the first's plus the device time
-  // between the two (one clock for the whole window, no per-step sync).
-  for (size_t i = 1; i < references_.size(); ++i) {
-    references_[i].event->synchronize();
-    const double offset_ms = references_.front().event->elapsedTime(*references_[i].event);
-    references_[i].host = references_.front().host + std::chrono::duration_cast<Clock::duration>(
-                                                         std::chrono::duration<double, std::milli>(offset_ms));
-  }
+  // One final event per device, waited for: its completion is "now" on the host, and every mark of that device lies
+  // the device time from it to the final event before that.
+  std::map<std::pair<int, int>, std::pair<std::shared_ptr<c10::Event>, Clock::time_point>> finals;
+  const auto final_for =
+      [&](const c10::Event& mark) -> const std::pair<std::shared_ptr<c10::Event>, Clock::time_point>& {
+    const std::pair<int, int> key{static_cast<int>(mark.device_type()), static_cast<int>(mark.device_index())};
+    auto found = finals.find(key);
+    if (found == finals.end()) {
+      const c10::Device device(mark.device_type(), mark.device_index());
+      auto final_event = std::make_shared<c10::Event>(mark.device_type(), c10::EventFlag::BACKEND_DEFAULT);
+      final_event->record(c10::impl::VirtualGuardImpl(mark.device_type()).getStream(device));
+      final_event->synchronize();
+      found = finals.emplace(key, std::make_pair(final_event, Clock::now())).first;
+    }
+    return found->second;
+  };
+  const auto time_of = [&](const Mark& mark) {
+    if (mark.host) return steady_microseconds(*mark.host);
+    const auto& [final_event, final_host] = final_for(*mark.event);
+    mark.event->synchronize();
+    return steady_microseconds(final_host) - 1000.0 * mark.event->elapsedTime(*final_event);
+  };
   std::vector<TimelineEvent> events;
   events.reserve(pending_.size());
   for (const Pending& p : pending_) {
     TimelineEvent event = p.event;
-    const auto time_of = [&](const Mark& mark) {
-      if (mark.host) return steady_microseconds(*mark.host);
-      mark.event->synchronize();
-      const Reference& reference = references_[p.reference];
-      return device_microseconds(*reference.event, reference.host, *mark.event);
-    };
     event.start_us = time_of(p.start);
     event.end_us = std::max(event.start_us, time_of(p.end));
     events.push_back(std::move(event));

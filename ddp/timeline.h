@@ -7,8 +7,8 @@
 //
 // Clocks: on the CPU every time is the host's steady clock, taken on the thread that saw it happen (an allreduce's
 // end on Gloo's communication thread, in the work's completion callback). On CUDA an interval is a pair of timing
-// events on the stream it ran on, read only by resolve() after the window (never inside a step), and placed on the
-// host clock through one reference event per step, recorded at the step's start.
+// events on the stream it ran on, read only by resolve() after the window (never inside a step: no host sync in the
+// window), and placed on the host clock through one final event that resolve() records and waits for.
 
 #include <chrono>
 #include <cstdint>
@@ -35,7 +35,9 @@ struct TimelineEvent {
   double end_us = 0;
 };
 
-/// Steps [first_step, last_step] (1-based, inclusive) of a run are recorded.
+/// Steps [first_step, last_step] (1-based, inclusive) of a run are recorded. At most kMaxTimelineSteps steps: a window
+/// is for a close look at a few steps (each keeps its events, on CUDA their timing events, until resolve()).
+constexpr int64_t kMaxTimelineSteps = 50;
 struct TimelineWindow {
   int64_t first_step = 1;
   int64_t last_step = 1;
@@ -46,15 +48,13 @@ class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
 
-  /// Records steps `window.first_step`..`window.last_step`. Throws std::invalid_argument when first_step < 1 or
-  /// last_step < first_step.
+  /// Records steps `window.first_step`..`window.last_step`. Throws std::invalid_argument when first_step < 1,
+  /// last_step < first_step, or the window is longer than kMaxTimelineSteps.
   explicit Timeline(TimelineWindow window);
 
   const TimelineWindow& window() const { return window_; }
-  /// Step `step` (1-based, of the run) begins. On CUDA, `stream` (the stream the step runs on) receives the step's
-  /// reference event; the host waits for that event once, at the window's first step, before anything of the step
-  /// is launched (the only host sync, outside the steps themselves).
-  void begin_step(int64_t step, const std::optional<c10::Stream>& stream = std::nullopt);
+  /// Step `step` (1-based, of the run) begins.
+  void begin_step(int64_t step);
   /// The step begun last has ended: nothing is recorded until the next begin_step inside the window.
   void end_step();
   /// Whether a step inside the window is in progress (events are kept only then).
@@ -71,14 +71,17 @@ class Timeline {
   };
   /// Now on the host, or on `stream` when it is a CUDA stream (the event completes when the stream gets there).
   static Mark mark(const std::optional<c10::Stream>& stream = std::nullopt);
-  /// Adds the interval [start, end] of the step in progress to `lane` (nothing when not recording).
+  /// Adds the interval [start, end] of the step in progress to `lane` (nothing when not recording). Never throws for
+  /// what it is given (DDP calls it from its autograd hooks).
   void add(const std::string& name, const std::string& lane, const Mark& start, const Mark& end, int64_t bucket = -1);
   /// The same with host times.
   void add(const std::string& name, const std::string& lane, Clock::time_point start, Clock::time_point end,
            int64_t bucket = -1);
 
-  /// Turns the device events of the window into host times (waits for them: a host sync; call it after the window)
-  /// and returns every event, in the order they were added. Without CUDA events it only copies.
+  /// Turns the device events of the window into host times and returns every event, in the order they were added: a
+  /// device mark's time is the moment a final event, recorded now on its device's current stream and waited for (a
+  /// host sync: call it after the window), completed, less the device time from the mark to that event. Without
+  /// device events it only copies.
   std::vector<TimelineEvent> resolve();
 
  private:
@@ -86,11 +89,6 @@ class Timeline {
     TimelineEvent event;
     Mark start;
     Mark end;
-    size_t reference = 0;  // index into references_ of its step
-  };
-  struct Reference {
-    std::shared_ptr<c10::Event> event;
-    Clock::time_point host;  // when `event` completed (the first one), or was recorded (its successors, below)
   };
 
   TimelineWindow window_;
@@ -99,7 +97,6 @@ class Timeline {
   bool in_step_ = false;
   bool finished_ = false;
   std::vector<Pending> pending_;
-  std::vector<Reference> references_;  // one per recorded step on CUDA
 };
 
 /// Microseconds of `time` on the steady clock (the unit of TimelineEvent's times).

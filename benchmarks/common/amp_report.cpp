@@ -266,18 +266,22 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
   }
   for (const std::string& model : models) {
     std::vector<examples::ChartSeries> curves;
-    std::vector<examples::ChartSeries> throughput;
+    std::vector<std::pair<std::string, double>> throughput;
     for (const auto& run : runs) {
       if (!run.ok() || run.model != model) continue;
+      throughput.emplace_back(run.config, run.samples_per_s);
       if (!run.losses.empty()) {
         curves.push_back({run.config, {}});
         for (size_t s = 0; s < run.losses.size(); ++s) curves.back().points.emplace_back(s + 1, run.losses[s]);
       }
     }
+    const std::string name = examples::html_escape(model);
     body += fmt::format(
-        "<h2>{}</h2>\n<figure>\n{}<figcaption>Training loss per step, every run on the same weights "
-        "and batches</figcaption>\n</figure>\n",
-        examples::html_escape(model), examples::line_chart_svg("fig-loss-" + model, "loss", curves));
+        "<h2>{0}</h2>\n<figure>\n{1}<figcaption>Training loss per step, every run on the same weights and batches"
+        "</figcaption>\n</figure>\n<figure>\n{2}<figcaption>Throughput (samples/s, higher is better; the loss scale "
+        "and skipped steps of each run are in the table)</figcaption>\n</figure>\n",
+        name, examples::line_chart_svg("fig-loss-" + model, "loss", curves),
+        examples::bar_chart_svg("fig-throughput-" + model, "samples/s", throughput));
   }
   return examples::html_page("AMP vs FP32", body);
 }

@@ -266,6 +266,9 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::launch(size_t index) {
   Bucket& b = buckets_[index];
+  // Recording a timeline: the bucket is ready now (its last gradient arrived); its collective starts once it is
+  // copied into the bucket (under sharding the copy is part of the launch: the start is taken here too).
+  const Timeline::Mark ready = recording_ ? Timeline::mark(current_stream()) : Timeline::Mark{};
   std::vector<at::Tensor> grads;
   grads.reserve(b.params.size());
   for (int64_t pi : b.params) {
@@ -279,20 +282,24 @@ void Reducer::launch(size_t index) {
   if (sharded_) {
     // Kept until the end of backward (the collective reads the wire buffer): finish_backward hands on this rank's
     // slice.
+    if (recording_) b.issued = ready;
     b.sharded = launch_sharded_reduction(pg_, b.shards, b.buffer.options(), grads, prescale);
     b.work = b.sharded.work;
   } else {
     copy_into_bucket(b.buffer, grads, prescale);
+    if (recording_) b.issued = Timeline::mark(current_stream());
     b.work = pg_.allreduce_sum_async(b.buffer);
   }
   timeline_.bucket_issued[index] = Clock::now();
-  if (recording_) record_issue(index);
+  if (recording_) record_issue(index, ready);
 }
 
 void Reducer::set_recorder(std::shared_ptr<Timeline> recorder) {
+  // Never throws: RunObserver's destructor detaches its timeline, also while an exception leaves a backward pass
+  // that never reached its end (in_backward_ stays set until the next forward clears it).
   std::lock_guard<std::mutex> lock(mutex_);
-  TORCH_CHECK(!in_backward_, "DistributedDataParallel::set_timeline: not during a backward pass");
   recorder_ = std::move(recorder);
+  if (!recorder_) recording_ = false;
 }
 
 std::optional<c10::Stream> Reducer::current_stream() const {
@@ -300,12 +307,12 @@ std::optional<c10::Stream> Reducer::current_stream() const {
   return c10::impl::VirtualGuardImpl(comm_stream_->device_type()).getStream(comm_stream_->device());
 }
 
-/// Recording a timeline: bucket `index`'s collective was just issued. On the CPU its end is taken on the
-/// communication thread, when the work completes; on CUDA from an event after the wait (finish_backward).
-void Reducer::record_issue(size_t index) {
+/// Recording a timeline: bucket `index`, `ready` at that mark, has just had its collective issued. On the CPU its end
+/// is taken on the communication thread, when the work completes; on CUDA from an event after the wait
+/// (finish_backward).
+void Reducer::record_issue(size_t index, const Timeline::Mark& ready) {
   Bucket& b = buckets_[index];
-  b.issued = Timeline::mark(current_stream());
-  recorder_->add(c10::str("bucket ", index, " ready"), "buckets", b.issued, b.issued, static_cast<int64_t>(index));
+  recorder_->add(c10::str("bucket ", index, " ready"), "buckets", ready, ready, static_cast<int64_t>(index));
   b.completed.reset();
   if (comm_stream_) return;
   auto completed = std::make_shared<CompletionTime>();

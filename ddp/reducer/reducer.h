@@ -84,7 +84,8 @@ class Reducer {
     int64_t numel = 0;         // elements of all its gradients
     BucketShards shards;       // gradient sharding only: the split
     ShardedReduction sharded;  // gradient sharding only: the buffers of the current backward's reduction
-    /// Recording a timeline: when the collective was issued, and (CPU) when the communication thread completed it.
+    /// Recording a timeline: when the collective started (the bucket copied), and (CPU) when the communication
+    /// thread completed it.
     Timeline::Mark issued;
     std::shared_ptr<CompletionTime> completed;
   };
@@ -96,7 +97,7 @@ class Reducer {
   void on_gradient_ready(int64_t index);
   void launch_ready_buckets();
   void launch(size_t index);
-  void record_issue(size_t index);
+  void record_issue(size_t index, const Timeline::Mark& ready);
   void record_completion(size_t index);
   /// The caller's current stream on the communication stream's device; nullopt on the CPU.
   std::optional<c10::Stream> current_stream() const;

@@ -23,9 +23,10 @@ const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#94
 
 std::string color(size_t i) { return kPalette[i % (sizeof kPalette / sizeof kPalette[0])]; }
 
-std::vector<std::pair<double, double>> thinned(const std::vector<std::pair<double, double>>& points) {
-  if (points.size() <= kMaxChartPoints) return points;
-  const size_t stride = (points.size() + kMaxChartPoints - 1) / kMaxChartPoints;
+std::vector<std::pair<double, double>> thinned(const std::vector<std::pair<double, double>>& points,
+                                               size_t limit = kMaxChartPoints) {
+  if (points.size() <= limit) return points;
+  const size_t stride = (points.size() + limit - 1) / limit;
   std::vector<std::pair<double, double>> out;
   for (size_t i = 0; i < points.size(); i += stride) out.push_back(points[i]);
   if (out.back() != points.back()) out.push_back(points.back());
@@ -113,10 +114,10 @@ std::string line_chart_svg(const std::string& id, const std::string& y_label, co
     y_min = std::floor(y_min);
     y_max = std::max(y_min + 1, std::ceil(y_max));
   }
-  std::vector<double> y_ticks;
-  const double y_step = log_y ? std::max(1.0, std::ceil((y_max - y_min) / kTicks)) : (y_max - y_min) / kTicks;
-  for (double fy = y_min; fy <= y_max + 1e-9 * std::fabs(y_max - y_min); fy += y_step) y_ticks.push_back(fy);
-  for (const double fy : y_ticks) {
+  // Ticks by count, never by adding a step to a double (a range of a few ulps would never end).
+  const int y_ticks = log_y ? static_cast<int>(std::min<double>(kTicks, y_max - y_min)) : kTicks;
+  for (int t = 0; t <= y_ticks; ++t) {
+    const double fy = log_y ? std::round(y_min + (y_max - y_min) * t / y_ticks) : y_min + (y_max - y_min) * t / y_ticks;
     const double y = kMarginTop + (1 - (fy - y_min) / (y_max - y_min)) * plot_h;
     const double value = log_y ? std::exp2(fy) : fy;
     svg += fmt::format(
@@ -140,7 +141,7 @@ std::string line_chart_svg(const std::string& id, const std::string& y_label, co
     if (!path.empty()) {
       svg += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>\n", path, color(i));
     }
-    for (const auto& [x, y] : drawn[i]) {
+    for (const auto& [x, y] : thinned(drawn[i], kMaxTooltipPoints)) {
       svg +=
           fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2\" fill=\"{}\"><title>{} step {}: {}</title></circle>",
                       px(x), py(y), color(i), html_escape(series[i].name), number_text(x), number_text(y));
@@ -154,6 +155,45 @@ std::string line_chart_svg(const std::string& id, const std::string& y_label, co
   if (!any) {
     svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">no data</text>\n",
                        kMarginLeft + plot_w / 2, kMarginTop + plot_h / 2);
+  }
+  return svg + "</svg>\n";
+}
+
+std::string bar_chart_svg(const std::string& id, const std::string& y_label,
+                          const std::vector<std::pair<std::string, double>>& bars) {
+  constexpr double kLabelHeight = 90;  // rotated labels under the bars
+  const double plot_w = kChartWidth - kMarginLeft - 20;
+  const double plot_h = kChartHeight - kMarginTop - kLabelHeight;
+  double top = 0;
+  for (const auto& bar : bars) top = std::max(top, std::isfinite(bar.second) ? bar.second : 0.0);
+  if (top <= 0) top = 1;
+  std::string svg = fmt::format(
+      "<svg id=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
+      "role=\"img\" aria-label=\"{}\">\n",
+      id, kChartWidth, kChartHeight, kChartWidth, kChartHeight, html_escape(y_label));
+  for (int t = 0; t <= kTicks; ++t) {
+    const double y = kMarginTop + (1 - static_cast<double>(t) / kTicks) * plot_h;
+    svg += fmt::format(
+        "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1f}\" "
+        "font-size=\"11\" text-anchor=\"end\">{}</text>\n",
+        kMarginLeft, y, kMarginLeft + plot_w, y, kMarginLeft - 4, y + 4, number_text(top * t / kTicks));
+  }
+  svg += fmt::format(
+      "<text x=\"14\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" transform=\"rotate(-90 14 {})\">{}</text>\n",
+      kMarginTop + plot_h / 2, kMarginTop + plot_h / 2, html_escape(y_label));
+  const double slot = plot_w / static_cast<double>(std::max<size_t>(1, bars.size()));
+  for (size_t i = 0; i < bars.size(); ++i) {
+    const double value = std::isfinite(bars[i].second) ? std::max(0.0, bars[i].second) : 0.0;
+    const double h = value / top * plot_h;
+    const double x = kMarginLeft + slot * static_cast<double>(i) + slot * 0.15;
+    const double label_x = x + slot * 0.35;
+    const double label_y = kMarginTop + plot_h + 12;
+    svg += fmt::format(
+        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"><title>{}: {}</title></rect>"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\" transform=\"rotate(-35 {:.1f} "
+        "{:.1f})\">{}</text>\n",
+        x, kMarginTop + plot_h - h, slot * 0.7, h, color(0), html_escape(bars[i].first), number_text(value), label_x,
+        label_y, label_x, label_y, html_escape(bars[i].first));
   }
   return svg + "</svg>\n";
 }

@@ -25,6 +25,9 @@ struct RunReport {
 
 /// Points a chart draws at most per series; longer series are thinned to every k-th point (the last one kept).
 constexpr size_t kMaxChartPoints = 400;
+/// Of those, the points that carry a tooltip (a dot with its value), thinned the same way: what keeps a long run's
+/// report a few hundred KB.
+constexpr size_t kMaxTooltipPoints = 50;
 
 /// One line of a chart: (x, y) points in x order.
 struct ChartSeries {
@@ -32,10 +35,14 @@ struct ChartSeries {
   std::vector<std::pair<double, double>> points;
 };
 
-/// An SVG line chart (<svg id="`id`">), with axes, ticks, a legend and each point's value as a tooltip (<title>).
+/// An SVG line chart (<svg id="`id`">), with axes, ticks, a legend and points' values as tooltips (<title>).
 /// `log_y`: a base-2 logarithmic y axis (for the loss scale; points <= 0 are left out).
 std::string line_chart_svg(const std::string& id, const std::string& y_label, const std::vector<ChartSeries>& series,
                            bool log_y = false);
+
+/// An SVG bar chart (<svg id="`id`">): one labelled bar per (label, value), values >= 0, each value as a tooltip.
+std::string bar_chart_svg(const std::string& id, const std::string& y_label,
+                          const std::vector<std::pair<std::string, double>>& bars);
 
 /// The Gantt chart of a recorded window (<svg id="`id`">): per rank its lanes (the loop's phases, bucket readiness,
 /// allreduces, amp's unscale), times in ms from the window's first event.

@@ -1,15 +1,17 @@
 #include "common/run_observer.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include <amp/io/atomic_file.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
 #include "common/report.h"
@@ -36,11 +38,6 @@ std::optional<ddp::TimelineWindow> parse_window(const std::string& text) {
 constexpr int64_t kDefaultWindowSteps = 3;
 constexpr int64_t kDefaultWarmupSteps = 3;  // the first steps build and rebuild DDP's buckets
 
-std::optional<c10::Stream> current_stream(const torch::Device& device) {
-  if (!device.is_cuda()) return std::nullopt;
-  return c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(device);
-}
-
 }  // namespace
 
 void check_output_path(const char* flag, const std::string& path) {
@@ -57,19 +54,36 @@ void check_output_path(const char* flag, const std::string& path) {
   if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
     throw std::invalid_argument(fmt::format("{} '{}': it is a folder, not a file", flag, path));
   }
+  if (::access(path.c_str(), F_OK) == 0 && ::access(path.c_str(), W_OK) != 0) {
+    throw std::invalid_argument(fmt::format("{} '{}': the file is not writable", flag, path));
+  }
 }
 
 void check_observe_flags(const ObserveFlags& flags) {
   check_output_path("--metrics", flags.metrics);
   check_output_path("--report", flags.report);
   check_output_path("--timeline", flags.timeline);
-  if (flags.metrics_every <= 0) {
-    throw std::invalid_argument(
-        fmt::format("--metrics-every must be a positive number of steps, got {}", flags.metrics_every));
+  if (flags.metrics_every) {
+    if (*flags.metrics_every <= 0) {
+      throw std::invalid_argument(
+          fmt::format("--metrics-every must be a positive number of steps, got {}", *flags.metrics_every));
+    }
+    if (flags.metrics.empty() && flags.report.empty()) {
+      throw std::invalid_argument("--metrics-every needs --metrics or --report (what it paces)");
+    }
   }
-  if (!flags.timeline_steps.empty() && !parse_window(flags.timeline_steps)) {
+  if (flags.timeline_steps.empty()) return;
+  const auto window = parse_window(flags.timeline_steps);
+  if (!window) {
     throw std::invalid_argument(fmt::format(
         "--timeline-steps '{}': give the steps of the run as A or A:B with 1 <= A <= B", flags.timeline_steps));
+  }
+  if (window->last_step - window->first_step >= ddp::kMaxTimelineSteps) {
+    throw std::invalid_argument(fmt::format("--timeline-steps '{}': at most {} steps (a window is for a close look)",
+                                            flags.timeline_steps, ddp::kMaxTimelineSteps));
+  }
+  if (flags.report.empty() && flags.timeline.empty()) {
+    throw std::invalid_argument("--timeline-steps needs --report or --timeline (where the timeline goes)");
   }
 }
 
@@ -97,33 +111,48 @@ RunObserver::RunObserver(const ObserveFlags& flags, int rank, int world_size, co
       world_size_(world_size),
       device_(device),
       run_(std::move(run)),
-      last_step_(last_step) {
+      last_step_(last_step),
+      metrics_every_(flags.metrics_every.value_or(kDefaultMetricsEverySteps)) {
   if (const auto window = timeline_window(flags, first_step, last_step)) {
     timeline_ = std::make_shared<ddp::Timeline>(*window);
     if (run_.ddp != nullptr) run_.ddp->set_timeline(timeline_);
   }
-  if (rank_ == 0 && !flags_.metrics.empty()) {
-    metrics_ = std::fopen(flags_.metrics.c_str(), flags_.resumed ? "a" : "w");
-    if (metrics_ == nullptr) {
-      throw std::invalid_argument(
-          fmt::format("--metrics '{}': cannot write it: {}", flags_.metrics, std::strerror(errno)));
-    }
-  }
+  if (rank_ == 0 && !flags_.metrics.empty()) open_metrics(first_step);
   last_logged_ = std::chrono::steady_clock::now();
 }
 
 RunObserver::~RunObserver() {
   if (run_.ddp != nullptr && timeline_) run_.ddp->set_timeline(nullptr);
-  if (metrics_ != nullptr) std::fclose(metrics_);
+  if (metrics_fd_ >= 0) ::close(metrics_fd_);
+}
+
+void RunObserver::open_metrics(int64_t first_step) {
+  // A resumed run continues the file; lines the interrupted run wrote after its checkpoint (steps this run takes
+  // again) are dropped first, so that each step appears once. The file is rewritten atomically for that.
+  if (flags_.resumed && ::access(flags_.metrics.c_str(), F_OK) == 0) {
+    std::ifstream in(flags_.metrics);
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      const size_t at = line.find("\"step\": ");
+      const long long step = at == std::string::npos ? 0 : std::atoll(line.c_str() + at + 8);
+      if (step < first_step) kept += line + "\n";
+    }
+    amp::write_file_atomically(flags_.metrics, kept);
+  }
+  const int mode = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (flags_.resumed ? 0 : O_TRUNC);
+  metrics_fd_ = ::open(flags_.metrics.c_str(), mode, 0644);
+  if (metrics_fd_ < 0) {
+    throw std::invalid_argument(
+        fmt::format("--metrics '{}': cannot write it: {}", flags_.metrics, std::strerror(errno)));
+  }
 }
 
 bool RunObserver::logged(int64_t step) const {
-  return (!flags_.metrics.empty() || !flags_.report.empty()) &&
-         (step % flags_.metrics_every == 0 || step == last_step_);
+  return (!flags_.metrics.empty() || !flags_.report.empty()) && (step % metrics_every_ == 0 || step == last_step_);
 }
 
 StepPhases RunObserver::begin_step(int64_t step) {
-  if (timeline_) timeline_->begin_step(step, current_stream(device_));
+  if (timeline_) timeline_->begin_step(step);
   return StepPhases(logged(step), device_, timeline_.get());
 }
 
@@ -189,10 +218,12 @@ void RunObserver::end_epoch(const EpochRecord& record, double paused_seconds) {
 }
 
 void RunObserver::write_line(const std::string& line) {
-  if (metrics_ == nullptr) return;
-  const std::string whole = line + "\n";  // one write per line: a reader never sees half of one
-  if (std::fwrite(whole.data(), 1, whole.size(), metrics_) != whole.size() || std::fflush(metrics_) != 0) {
-    throw std::runtime_error(fmt::format("--metrics '{}': writing failed: {}", flags_.metrics, std::strerror(errno)));
+  if (metrics_fd_ < 0) return;
+  const std::string whole = line + "\n";  // one write() per line (O_APPEND): a reader never sees half of one
+  const ssize_t written = ::write(metrics_fd_, whole.data(), whole.size());
+  if (written != static_cast<ssize_t>(whole.size())) {
+    throw std::runtime_error(fmt::format("--metrics '{}': writing failed: {}", flags_.metrics,
+                                         written < 0 ? std::strerror(errno) : "short write (disk full?)"));
   }
 }
 

@@ -4,7 +4,6 @@
 // recorded, the one gather per logged step, the timeline's window, and the files rank 0 writes.
 
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -22,21 +21,25 @@ namespace examples {
 
 /// What the observer needs from the flags (CommonFlags holds them; see add_common_flags).
 struct ObserveFlags {
-  std::string metrics;         // --metrics: JSON lines, rank 0; empty: none
-  int64_t metrics_every = 10;  // --metrics-every: log every this many steps of the run
-  std::string report;          // --report: the HTML report, rank 0; empty: none
-  std::string timeline;        // --timeline: Chrome trace JSON of the window, rank 0; empty: none
+  std::string metrics;                   // --metrics: JSON lines, rank 0; empty: none
+  std::optional<int64_t> metrics_every;  // --metrics-every: log every this many steps of the run (default 10)
+  std::string report;                    // --report: the HTML report, rank 0; empty: none
+  std::string timeline;                  // --timeline: Chrome trace JSON of the window, rank 0; empty: none
   std::string timeline_steps;  // --timeline-steps "A:B" (steps of the run, inclusive) or "A"; empty: the default
   bool resumed = false;        // the run continues a checkpoint: --metrics is appended to, not started over
 };
 
 /// Throws std::invalid_argument "<flag> '<path>': ..." unless `path` can be written: its folder exists and is
-/// writable, and it is not a folder. An empty path passes.
+/// writable, and it is not a folder nor an existing file this process may not write. An empty path passes.
 void check_output_path(const char* flag, const std::string& path);
 
-/// Checks ObserveFlags before anything runs: each file's folder exists and the file is not a folder,
-/// --metrics-every positive, --timeline-steps of the form A or A:B with 1 <= A <= B. Throws std::invalid_argument
-/// naming the flag and its value.
+/// --metrics-every's default: a logged step every 10 steps.
+constexpr int64_t kDefaultMetricsEverySteps = 10;
+
+/// Checks ObserveFlags before anything runs: each file can be written (check_output_path), --metrics-every positive
+/// and only with --metrics or --report, --timeline-steps of the form A or A:B with 1 <= A <= B, at most
+/// ddp::kMaxTimelineSteps steps, and only with --report or --timeline. Throws std::invalid_argument naming the flag
+/// and its value.
 void check_observe_flags(const ObserveFlags& flags);
 
 /// The steps of the run (1-based, counted over resumes) the timeline records: --timeline-steps, or by default 3
@@ -87,6 +90,7 @@ class RunObserver {
 
  private:
   void write_line(const std::string& line);
+  void open_metrics(int64_t first_step);
   void gather_window();
 
   ObserveFlags flags_;
@@ -95,7 +99,8 @@ class RunObserver {
   torch::Device device_;
   ObservedRun run_;
   int64_t last_step_;
-  std::FILE* metrics_ = nullptr;
+  int metrics_fd_ = -1;  // --metrics, opened for appending (rank 0)
+  int64_t metrics_every_;
   std::shared_ptr<ddp::Timeline> timeline_;
   bool gathered_window_ = false;
   std::vector<StepRecord> steps_;

@@ -64,8 +64,10 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--metrics", flags.observe.metrics,
                  "Write the run's metrics here as JSON lines (rank 0): one object per logged step and per epoch "
                  "(docs/observability.md); appended to when the run resumes");
-  app.add_option("--metrics-every", flags.observe.metrics_every,
-                 "Log every this many steps of the run (--metrics, --report): the ranks' times are gathered then");
+  app.add_option(
+      "--metrics-every", flags.observe.metrics_every,
+      "Log every this many steps of the run (default 10) and its last step (--metrics, --report): the ranks' "
+      "times are gathered then");
   app.add_option("--report", flags.observe.report,
                  "Write one self-contained HTML report of the run here (rank 0): loss, accuracy, throughput, loss "
                  "scale, each rank's step time, and the timeline of --timeline-steps");

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <ddp/distributed_data_parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -82,6 +83,36 @@ TEST(TimelineTest, OverlapIsTheShareOfAllreduceTimeBeforeBackwardWaitsForIt) {
   EXPECT_FALSE(ddp::allreduce_overlap({event("forward", "step", 1, 0, 1)}).has_value());
 }
 
+// On CUDA an interval is a pair of timing events, read after the window and placed on the host clock through a final
+// event resolve() waits for: device work of known order must come out in that order, with its length, inside the
+// host time around the window.
+TEST(TimelineCudaTest, DeviceIntervalsArePlacedOnTheHostClockInStreamOrder) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA GPU; none is present";
+  const torch::Device device(torch::kCUDA, 0);
+  const c10::Stream stream = c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(device);
+  const auto a = torch::randn({2048, 2048}, torch::TensorOptions().device(device));
+  ddp::Timeline timeline(ddp::TimelineWindow{1, 2});
+  const double before_us = ddp::steady_microseconds(Clock::now());
+  for (int64_t step = 1; step <= 2; ++step) {
+    timeline.begin_step(step);
+    const auto start = ddp::Timeline::mark(stream);
+    auto b = a;
+    for (int i = 0; i < 20; ++i) b = torch::mm(b, a).div_(2048.0);  // tens of ms of device work, launched at once
+    const auto end = ddp::Timeline::mark(stream);
+    timeline.add("matmuls", "step", start, end);
+    timeline.end_step();
+  }
+  const auto events = timeline.resolve();  // waits for the device
+  const double after_us = ddp::steady_microseconds(Clock::now());
+  ASSERT_EQ(events.size(), 2u);
+  for (const auto& e : events) {
+    EXPECT_GT(e.end_us - e.start_us, 100.0) << "20 GEMMs of 2048^2 take more than 0.1 ms";
+    EXPECT_GE(e.start_us, before_us - 1000.0);
+    EXPECT_LE(e.end_us, after_us + 1000.0);
+  }
+  EXPECT_GE(events[1].start_us, events[0].end_us - 1.0) << "step 2's work ran after step 1's on the stream";
+}
+
 /// Per step of `events`: the named event's interval (each must be there once).
 std::map<int64_t, std::pair<double, double>> intervals(const std::vector<ddp::TimelineEvent>& events,
                                                        const std::string& name) {
@@ -143,8 +174,8 @@ TEST(DistributedDataParallelTimelineTest, EventsAreOrderedAndNestedAsTheDdpProto
           const auto ready = intervals(events, c10::str("bucket ", i, " ready")).at(step);
           const auto [a0, a1] = intervals(events, c10::str("allreduce bucket ", i)).at(step);
           TORCH_CHECK(ready.first == ready.second, "bucket readiness is an instant");
-          TORCH_CHECK(ready.first <= a0 && a0 <= a1, "rank ", r, " step ", step, " bucket ", i,
-                      ": its allreduce starts before it is ready");
+          TORCH_CHECK(ready.first < a0 && a0 <= a1, "rank ", r, " step ", step, " bucket ", i,
+                      ": its allreduce does not start after it is ready (the bucket copied)");
           TORCH_CHECK(a0 >= previous_start, "rank ", r, " step ", step, ": bucket ", i, " started before bucket ",
                       i - 1, " or before backward");
           TORCH_CHECK(a1 <= w1, "rank ", r, " step ", step, ": allreduce of bucket ", i,

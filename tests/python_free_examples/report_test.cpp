@@ -1,0 +1,96 @@
+// The HTML report's promises that need no program run: a long run stays a few hundred KB, text is escaped, the
+// per-rank table shows the overlap the timeline implies. (observability_test.cpp runs the programs; tests/report/
+// opens a report in a browser.)
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/report.h"
+
+namespace {
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+ddp::TimelineEvent event(const std::string& name, const std::string& lane, double start, double end) {
+  return ddp::TimelineEvent{name, lane, 4, -1, start, end};
+}
+
+examples::RunReport long_run(int64_t steps, int ranks) {
+  examples::RunReport report;
+  report.description = "8 processes (gloo), a long run";
+  report.world_size = ranks;
+  for (int64_t s = 1; s <= steps; ++s) {
+    examples::StepRecord r;
+    r.step = s * 10;
+    r.epoch = 1 + s / 1000;
+    r.loss = 2.0 / static_cast<double>(s);
+    r.lr = 0.1;
+    r.loss_scale = 65536.0;
+    r.skipped_steps = s / 5000;
+    r.samples_per_s = 1000.0 + static_cast<double>(s % 7);
+    for (int k = 0; k < ranks; ++k) r.ranks.push_back({30.0 + k, 10, 15, 1, 4, r.loss});
+    report.steps.push_back(r);
+  }
+  for (int64_t e = 1; e <= steps / 1000; ++e) report.epochs.push_back({e, e * 10000, 1.0 / e, 0.5 + 0.01 * e, 60.0});
+  report.timeline.resize(ranks);
+  for (int k = 0; k < ranks; ++k) {
+    for (int b = 0; b < 40; ++b)
+      report.timeline[k].push_back(event("allreduce bucket", "comm", b * 100.0, b * 100.0 + 50));
+  }
+  return report;
+}
+
+TEST(ReportTest, ALongRunStaysAFewHundredKilobytesWithEveryFigure) {
+  const std::string html = examples::report_html(long_run(/*steps=*/100000, /*ranks=*/8));  // a million steps logged
+  EXPECT_LT(html.size(), 400u * 1024u) << "bytes";
+  for (const char* id : {"summary", "ranks", "fig-loss", "fig-accuracy", "fig-throughput", "fig-scale", "fig-skipped",
+                         "fig-rank-step-time", "fig-timeline"}) {
+    EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
+  }
+  EXPECT_NE(html.find("document.body.dataset.reportReady = '1'"), std::string::npos);
+  EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg")) << "no network: only SVG's namespace";
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+}
+
+TEST(ReportTest, ALongSeriesIsThinnedToTheChartsLimitAndKeepsItsLastPoint) {
+  examples::ChartSeries series{"loss", {}};
+  for (int i = 1; i <= 10000; ++i) series.points.emplace_back(i, 1.0 / i);
+  const std::string svg = examples::line_chart_svg("fig-x", "loss", {series});
+  const size_t path_points = count_of(svg, " L") + 1;
+  EXPECT_LE(path_points, examples::kMaxChartPoints + 1);
+  EXPECT_GE(path_points, examples::kMaxChartPoints / 2);
+  EXPECT_LE(count_of(svg, "<circle"), examples::kMaxTooltipPoints + 1);
+  EXPECT_NE(svg.find("loss step 1e+04:"), std::string::npos) << "the last point keeps its tooltip";
+}
+
+TEST(ReportTest, TheRunsTextIsEscaped) {
+  examples::RunReport report;
+  report.description = "<script>alert(1)</script> & \"quoted\"";
+  const std::string html = examples::report_html(report);
+  EXPECT_EQ(html.find("<script>alert"), std::string::npos);
+  EXPECT_NE(html.find("&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;quoted&quot;"), std::string::npos);
+}
+
+TEST(ReportTest, ThePerRankTableShowsHowMuchAllreduceHidBehindBackward) {
+  examples::RunReport report;
+  report.world_size = 2;
+  examples::StepRecord step;
+  step.step = 4;
+  step.ranks = {{30, 10, 15, 1, 4, 1.0}, {31, 10, 16, 1, 3, 1.0}};
+  report.steps = {step};
+  // Rank 0: autograd done at 100; allreduces [0, 50] and [50, 150]: 100 of 150 us hidden. Rank 1: none hidden.
+  report.timeline = {
+      {event(ddp::kAllreduceWaitEvent, "step", 100, 150), event("allreduce bucket 0", "comm", 0, 50),
+       event("allreduce bucket 1", "comm", 50, 150)},
+      {event(ddp::kAllreduceWaitEvent, "step", 100, 150), event("allreduce bucket 0", "comm", 100, 150)}};
+  const std::string html = examples::report_html(report);
+  EXPECT_NE(html.find("<td>4.00</td><td>67%</td></tr>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<td>3.00</td><td>0%</td></tr>"), std::string::npos) << html;
+}
+
+}  // namespace
