@@ -40,7 +40,7 @@ size_t count_of(const std::string& text, const std::string& part) {
   return n;
 }
 
-TEST(ObservabilityTest, MetricsLinesAgreeWithWhatTheProgramPrinted) {
+TEST(ObservabilityProgramTest, MetricsLinesAgreeWithWhatTheProgramPrinted) {
   example_test::Scratch scratch;
   const std::string metrics = scratch.file("metrics.jsonl");
   // 512 samples in batches of 64: 8 steps per epoch, 16 in all; logged at 3, 6, ..., 15 and the last, 16.
@@ -172,7 +172,7 @@ TEST(ObservabilityTest, AResumedRunDropsTheStepsItTakesAgainFromItsMetrics) {
 #ifdef LTA_DDP_LAUNCH
 // What a user of the 2-rank report relies on: every figure is there, the timeline holds both ranks' buckets, and the
 // metrics lines carry both ranks' times. (tests/report/check_report_in_browser.sh opens such a report in chromium.)
-TEST(ObservabilityTest, ATwoRankRunWritesEveryFigureAndBothRanksTimelines) {
+TEST(ObservabilityProgramTest, ATwoRankRunWritesEveryFigureAndBothRanksTimelines) {
   example_test::Scratch scratch;
   const std::string report = scratch.file("report.html");
   const std::string trace = scratch.file("trace.json");
