@@ -324,7 +324,7 @@ struct Flags {
   bool no_torch_peer = false;
   std::string report;  // empty: <out_dir>/amp_vs_fp32.html
   std::string metrics;
-  int64_t metrics_every = 10;
+  std::optional<int64_t> metrics_every;  // default 10
   int64_t rounds = 8;
   int threads = 0;  // > 0: intra-op threads (ours and the peer's)
 };
@@ -537,8 +537,8 @@ int main(int argc, char** argv) {
   app.add_option(
       "--metrics", flags.metrics,
       "Also write every run's losses and figures here as JSON lines (after the runs: docs/observability.md)");
-  app.add_option("--metrics-every", flags.metrics_every, "A --metrics step line every this many steps")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--metrics-every", flags.metrics_every,
+                 "A --metrics step line every this many steps (default 10) and at each run's last");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -546,10 +546,15 @@ int main(int argc, char** argv) {
     const torch::Device device = bench::parse_device(flags.device);
     const int64_t warmup = flags.warmup >= 0 ? flags.warmup : (flags.full ? 10 : 3);
     const std::string report_path = flags.report.empty() ? flags.out_dir + "/amp_vs_fp32.html" : flags.report;
-    for (const auto& [flag, path] :
-         {std::pair<const char*, std::string>{"--report", flags.report}, {"--metrics", flags.metrics}}) {
-      examples::check_output_path(flag, path);  // before the runs, not after them
+    // Checked before the runs, not after them.
+    examples::ObserveFlags observe;
+    observe.report = flags.report;
+    observe.metrics = flags.metrics;
+    if (flags.metrics_every && flags.metrics.empty()) {
+      throw std::invalid_argument("--metrics-every needs --metrics (what it paces)");
     }
+    observe.metrics_every = flags.metrics_every;
+    examples::check_observe_flags(observe);
     bench::RunContext context = make_context(device, flags.full);
     fmt::print("AMP vs FP32 on {} ({} mode), {}\nmachine: {} | torch {}\n", context.device, context.mode, context.date,
                context.machine, context.torch_version);
@@ -572,7 +577,9 @@ int main(int argc, char** argv) {
     bench::write_json_and_csv(flags.out_dir, context, results);
     const std::string plot = bench::write_plot(flags.out_dir, context, results);
     amp::write_file_atomically(report_path, bench::report_html(context, results));
-    if (!flags.metrics.empty()) bench::write_metrics_lines(flags.metrics, results, flags.metrics_every);
+    if (!flags.metrics.empty())
+      bench::write_metrics_lines(flags.metrics, results,
+                                 flags.metrics_every.value_or(examples::kDefaultMetricsEverySteps));
     fmt::print("\nresults: {0}/amp_vs_fp32.json, {0}/amp_vs_fp32.csv; {1}; report: {2}{3}\n\n{4}\n", flags.out_dir,
                plot, report_path, flags.metrics.empty() ? "" : "; metrics: " + flags.metrics, kLegend);
     fmt::print("{}", bench::format_table(results));

@@ -242,6 +242,13 @@ std::string chrome_trace_json(const std::vector<std::vector<TimelineEvent>>& per
                       ", \"args\": {\"name\": ", json_string(e.lane), "}}"));
     }
     for (const TimelineEvent& e : per_rank[r]) {
+      if (e.end_us <= e.start_us) {  // an instant ("bucket i ready")
+        append(c10::str("{\"ph\": \"i\", \"s\": \"t\", \"name\": ", json_string(e.name),
+                        ", \"cat\": ", json_string(e.lane), ", \"pid\": ", r, ", \"tid\": ", lanes[e.lane],
+                        ", \"ts\": ", json_number(e.start_us - origin), ", \"args\": {\"step\": ", e.step,
+                        ", \"bucket\": ", e.bucket, "}}"));
+        continue;
+      }
       append(c10::str("{\"ph\": \"X\", \"name\": ", json_string(e.name), ", \"cat\": ", json_string(e.lane),
                       ", \"pid\": ", r, ", \"tid\": ", lanes[e.lane], ", \"ts\": ", json_number(e.start_us - origin),
                       ", \"dur\": ", json_number(e.end_us - e.start_us), ", \"args\": {\"step\": ", e.step,

@@ -109,8 +109,9 @@ double steady_microseconds(Timeline::Clock::time_point time);
 std::vector<std::vector<TimelineEvent>> gather_timeline(const ProcessGroup& group,
                                                         const std::vector<TimelineEvent>& events);
 
-/// Chrome trace JSON ("traceEvents", complete events "ph": "X" in microseconds) of per-rank events: one process per
-/// rank ("rank r"), one thread per lane. Times are shifted so that the earliest event starts at 0.
+/// Chrome trace JSON ("traceEvents": complete events "ph": "X", instants "ph": "i", in microseconds) of per-rank
+/// events: one process per rank ("rank r"), one thread per lane. Times are shifted so that the earliest event starts at
+/// 0.
 std::string chrome_trace_json(const std::vector<std::vector<TimelineEvent>>& per_rank);
 
 /// The event DistributedDataParallel adds to the "step" lane from the moment autograd has produced every gradient

@@ -34,6 +34,7 @@ std::vector<std::pair<double, double>> thinned(const std::vector<std::pair<doubl
 }
 
 std::string number_text(double v) {
+  if (v == std::round(v) && std::fabs(v) < 1e9) return fmt::format("{:.0f}", v);  // a count, a loss scale: 16384
   if (v != 0 && (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-3)) return fmt::format("{:.2e}", v);
   return fmt::format("{:.4g}", v);
 }
@@ -93,7 +94,10 @@ std::string line_chart_svg(const std::string& id, const std::string& y_label, co
       any = true;
     }
   }
-  if (x_max <= x_min) x_max = x_min + 1;
+  if (x_max <= x_min) {  // one point: in the middle
+    x_min -= 1;
+    x_max += 1;
+  }
   if (y_max <= y_min) {  // a flat line: centered, a count of 0 drawn from 0 up
     const double pad = y_min == 0 ? 1.0 : std::fabs(y_min) * 0.1;
     y_max += pad;
@@ -125,10 +129,14 @@ std::string line_chart_svg(const std::string& id, const std::string& y_label, co
         "font-size=\"11\" text-anchor=\"end\">{}</text>\n",
         kMarginLeft, y, kMarginLeft + plot_w, y, kMarginLeft - 4, y + 4, number_text(value));
   }
+  // Steps are whole numbers: each tick is a whole step, drawn where that step is (no label twice).
+  double last_tick = x_min - 1;
   for (int t = 0; t <= kTicks; ++t) {
-    const double fx = x_min + (x_max - x_min) * t / kTicks;
+    const double fx = std::round(x_min + (x_max - x_min) * t / kTicks);
+    if (fx <= last_tick || fx < x_min || fx > x_max) continue;
+    last_tick = fx;
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{}</text>\n", px(fx),
-                       kMarginTop + plot_h + 14, number_text(std::round(fx)));
+                       kMarginTop + plot_h + 14, number_text(fx));
   }
   svg += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">step</text>\n",
                      kMarginLeft + plot_w / 2, kChartHeight - 4);
@@ -252,8 +260,9 @@ std::string timeline_svg(const std::string& id, const std::vector<std::vector<dd
   }
   for (int t = 0; t <= kTicks; ++t) {
     const double us = t0 + (t1 - t0) * t / kTicks;
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"middle\">{:.1f} ms</text>\n",
-                       px(us), y + 12, (us - t0) / 1000.0);
+    const char* anchor = t == 0 ? "start" : t == kTicks ? "end" : "middle";  // the ends stay inside the picture
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"{}\">{:.1f} ms</text>\n", px(us),
+                       y + 12, anchor, (us - t0) / 1000.0);
   }
   if (!any) svg += "<text x=\"200\" y=\"30\" font-size=\"12\">no events recorded</text>\n";
   return svg + "</svg>\n";
@@ -279,6 +288,11 @@ std::string summary_table(const RunReport& report) {
   };
   row("run", report.description.empty() ? "-" : report.description);
   row("processes", std::to_string(report.world_size));
+  if (report.first_step > 1) {
+    row("resumed", fmt::format("this process continued the run at step {}: the figures cover steps {} on, and an "
+                               "epoch it resumed into counts only its own part (--metrics holds the whole run)",
+                               report.first_step, report.first_step));
+  }
   row("logged steps", std::to_string(report.steps.size()));
   if (!report.steps.empty()) {
     const StepRecord& last = report.steps.back();

@@ -3,6 +3,7 @@
 // The HTML report of one training run (--report FILE.html, docs/observability.md): one self-contained page (inline
 // SVG figures, a few lines of inline script, no network), readable without JavaScript.
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@ struct RunReport {
   std::string title = "Training run";
   std::string description;  // the run's header line (its configuration)
   int world_size = 1;
+  int64_t first_step = 1;                                 // the first step this process took (> 1: it resumed the run)
   std::vector<StepRecord> steps;                          // the logged steps
   std::vector<EpochRecord> epochs;                        // the ends of epochs
   std::vector<std::vector<ddp::TimelineEvent>> timeline;  // per rank, the recorded window (may be empty)

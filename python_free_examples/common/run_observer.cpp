@@ -72,6 +72,16 @@ void check_observe_flags(const ObserveFlags& flags) {
       throw std::invalid_argument("--metrics-every needs --metrics or --report (what it paces)");
     }
   }
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"--metrics", &flags.metrics}, {"--report", &flags.report}, {"--timeline", &flags.timeline}};
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = i + 1; j < 3; ++j) {
+      if (!outputs[i].second->empty() && *outputs[i].second == *outputs[j].second) {
+        throw std::invalid_argument(fmt::format("{} and {} name the same file '{}': each needs its own",
+                                                outputs[i].first, outputs[j].first, *outputs[i].second));
+      }
+    }
+  }
   if (flags.timeline_steps.empty()) return;
   const auto window = parse_window(flags.timeline_steps);
   if (!window) {
@@ -111,6 +121,7 @@ RunObserver::RunObserver(const ObserveFlags& flags, int rank, int world_size, co
       world_size_(world_size),
       device_(device),
       run_(std::move(run)),
+      first_step_(first_step),
       last_step_(last_step),
       metrics_every_(flags.metrics_every.value_or(kDefaultMetricsEverySteps)) {
   if (const auto window = timeline_window(flags, first_step, last_step)) {
@@ -246,6 +257,7 @@ void RunObserver::finish() {
   RunReport report;
   report.description = run_.description;
   report.world_size = world_size_;
+  report.first_step = first_step_;
   report.steps = steps_;
   report.epochs = epochs_;
   report.timeline = gathered_;

@@ -98,6 +98,7 @@ class RunObserver {
   int world_size_;
   torch::Device device_;
   ObservedRun run_;
+  int64_t first_step_;
   int64_t last_step_;
   int metrics_fd_ = -1;  // --metrics, opened for appending (rank 0)
   int64_t metrics_every_;

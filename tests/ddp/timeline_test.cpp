@@ -59,11 +59,13 @@ TEST(TimelineTest, RefusesAWindowThatIsEmptyOrBeforeStepOne) {
 TEST(TimelineTest, ChromeTraceHasAProcessPerRankAThreadPerLaneAndStartsAtZero) {
   const std::vector<std::vector<ddp::TimelineEvent>> per_rank = {
       {event("forward", "step", 1, 1000, 1500), event("allreduce bucket 0", "comm", 1, 1400, 1700)},
-      {event("forward", "step", 1, 1100, 1600), event("say \"hi\"", "step", 1, 1600, 1601)}};
+      {event("forward", "step", 1, 1100, 1600), event("say \"hi\"", "step", 1, 1600, 1601),
+       event("bucket 0 ready", "buckets", 1, 1500, 1500)}};
   const std::string json = ddp::chrome_trace_json(per_rank);
   EXPECT_EQ(count(json, "\"name\": \"process_name\""), 2u);
-  EXPECT_EQ(count(json, "\"name\": \"thread_name\""), 3u);  // rank 0: step, comm; rank 1: step
+  EXPECT_EQ(count(json, "\"name\": \"thread_name\""), 4u);  // rank 0: step, comm; rank 1: step, buckets
   EXPECT_EQ(count(json, "\"ph\": \"X\""), 4u);
+  EXPECT_EQ(count(json, "\"ph\": \"i\", \"s\": \"t\", \"name\": \"bucket 0 ready\""), 1u) << "an instant: " << json;
   EXPECT_NE(json.find("\"ts\": 0,"), std::string::npos) << json;  // the earliest event starts at 0
   EXPECT_NE(json.find("\"ts\": 400, \"dur\": 300"), std::string::npos) << json;
   EXPECT_NE(json.find("say \\\"hi\\\""), std::string::npos) << "names are escaped: " << json;

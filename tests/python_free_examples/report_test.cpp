@@ -65,7 +65,28 @@ TEST(ReportTest, ALongSeriesIsThinnedToTheChartsLimitAndKeepsItsLastPoint) {
   EXPECT_LE(path_points, examples::kMaxChartPoints + 1);
   EXPECT_GE(path_points, examples::kMaxChartPoints / 2);
   EXPECT_LE(count_of(svg, "<circle"), examples::kMaxTooltipPoints + 1);
-  EXPECT_NE(svg.find("loss step 1e+04:"), std::string::npos) << "the last point keeps its tooltip";
+  EXPECT_NE(svg.find("loss step 10000:"), std::string::npos) << "the last point keeps its tooltip";
+}
+
+TEST(ReportTest, AResumedRunSaysWhichStepsItCovers) {
+  examples::RunReport report;
+  EXPECT_EQ(examples::report_html(report).find("continued the run"), std::string::npos);
+  report.first_step = 9;
+  EXPECT_NE(examples::report_html(report).find("continued the run at step 9"), std::string::npos);
+}
+
+TEST(ReportTest, StepTicksAreWholeStepsDrawnWhereThoseStepsAre) {
+  examples::ChartSeries series{"loss", {{2, 1.0}, {8, 0.5}}};
+  const std::string svg = examples::line_chart_svg("fig-x", "loss", {series});
+  // Steps 2..8 over 5 intervals round to 2, 3, 4, 6, 7, 8: each once, and step 3 drawn at step 3 (1/6 of the way).
+  for (const char* tick : {">2</text>", ">3</text>", ">4</text>", ">6</text>", ">7</text>", ">8</text>"}) {
+    EXPECT_EQ(count_of(svg, tick), 1u) << tick << "\n" << svg;
+  }
+  EXPECT_NE(svg.find("<text x=\"160.0\" y=\"238\" font-size=\"11\" text-anchor=\"middle\">3</text>"), std::string::npos)
+      << svg;
+  examples::ChartSeries one{"accuracy", {{16, 60.0}}};
+  const std::string single = examples::line_chart_svg("fig-y", "accuracy", {one});
+  EXPECT_NE(single.find("cx=\"340.0\""), std::string::npos) << "one point sits in the middle: " << single;
 }
 
 TEST(ReportTest, TheRunsTextIsEscaped) {
