@@ -19,6 +19,7 @@
 #include <ddp/launch/spawn.h>
 #include <ddp/process_group.h>
 
+#include "common/command_line.h"
 #include "common/timing.h"
 
 namespace {
@@ -219,7 +220,7 @@ int main(int argc, char** argv) {
   app.add_flag("--full", full, "Larger buckets (64 MiB) and a wider model");
   app.add_option("--rounds", rounds, "Timed rounds per measurement")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "Intra-op threads per rank")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   ddp::spawn(kWorld, [&](int, int) {
     at::set_num_threads(threads);
     const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));

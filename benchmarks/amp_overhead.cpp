@@ -23,6 +23,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "common/command_line.h"
 #include "common/timing.h"
 #include "common/workloads.h"
 
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "Linear layers (2 parameter tensors each)")->check(CLI::PositiveNumber);
   app.add_option("--width", width, "Layer width")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "Batch size")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   const torch::Device device = bench::parse_device(device_name);
   const auto half = device.is_cuda() ? torch::kHalf : torch::kBFloat16;
 

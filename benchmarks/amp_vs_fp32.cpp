@@ -41,6 +41,7 @@
 #endif
 
 #include "common/amp_report.h"
+#include "common/command_line.h"
 #include "common/device_scopes.h"
 #include "common/peer_bundle.h"
 #include "common/run_observer.h"
@@ -539,7 +540,7 @@ int main(int argc, char** argv) {
       "Also write every run's losses and figures here as JSON lines (after the runs: docs/observability.md)");
   app.add_option("--metrics-every", flags.metrics_every,
                  "A --metrics step line every this many steps (default 10) and at each run's last");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   try {
     if (flags.threads > 0) at::set_num_threads(flags.threads);

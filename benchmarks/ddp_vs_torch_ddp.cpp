@@ -29,6 +29,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
 #include "common/peer_bundle.h"
 #include "common/small_cnn.h"
 #include "common/timing.h"
@@ -215,7 +216,7 @@ int main(int argc, char** argv) {
   app.add_option("--torchrun", flags.torchrun, "torchrun (default: next to --python)");
   app.add_option("--peer-script", flags.peer_script, "The DDP peer script");
   app.add_option("--out", flags.out_dir, "Folder for ddp_vs_torch_ddp.csv, the bundle and the logs");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   try {
     const std::string python = flags.python.empty() ? bench::default_python(LTA_SOURCE_DIR) : flags.python;

@@ -22,6 +22,7 @@
 #include <amp/nn/float8_linear.h>
 #include <amp/nn/fused_dense.h>
 
+#include "common/command_line.h"
 #include "common/flags.h"
 #include "common/timing.h"
 
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
   bench::CommonFlags flags(10);
   CLI::App app{"Float8Linear (FP8 GEMMs) vs bf16 Linear (ATen) and FusedDense (ours), forward + backward"};
   flags.add_to(app, "The issue's grid on the GPU: tokens 8K/16K/32K x hidden 4K/8K (4x expansion)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   const torch::Device device = flags.device();
   const bool cuda = device.is_cuda();
   double fp8_peak = 0.0;

@@ -19,6 +19,7 @@
 
 #include <kernels/optim/fused_optimizers.h>
 
+#include "common/command_line.h"
 #include "common/flags.h"
 #include "common/timing.h"
 
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
   bench::CommonFlags flags(10);
   CLI::App app{"kernels::fused_adam_step_ vs at::_fused_adamw_ vs torch::optim::AdamW::step"};
   flags.add_to(app, "The issue's 5000 tensors of 1-64 Ki plus 4 x 16 Mi instead of a small transformer");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   const bool full = flags.full;
   const int rounds = flags.rounds;
   const torch::Device device = flags.device();

@@ -15,6 +15,7 @@
 #include <amp/nn/fused_dense.h>
 #include <kernels/gemm/path_autotune.h>
 
+#include "common/command_line.h"
 #include "common/flags.h"
 #include "common/timing.h"
 
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
   bench::CommonFlags flags(10);
   CLI::App app{"FusedDense / FusedDenseGeluDense vs torch::nn::Linear + torch::gelu, forward + backward"};
   flags.add_to(app, "The issue's grid on the GPU: tokens 2K/8K/16K x hidden 1K/4K/8K (4x expansion)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   const torch::Device device = flags.device();
   const bool cuda = device.is_cuda();
   const int rounds = flags.rounds;

@@ -13,6 +13,7 @@
 
 #include <kernels/multi_tensor/l2_norm.h>
 
+#include "common/command_line.h"
 #include "common/flags.h"
 #include "common/timing.h"
 
@@ -71,7 +72,7 @@ int main(int argc, char** argv) {
   bench::CommonFlags flags(15);
   CLI::App app{"l2_norm / clip_grad_norm_ vs torch's foreach_norm + stack + vector_norm (+ foreach_mul_)"};
   flags.add_to(app, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   const bool full = flags.full;
   const int rounds = flags.rounds;
   const torch::Device device = flags.device();

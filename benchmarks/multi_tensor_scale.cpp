@@ -11,6 +11,7 @@
 
 #include <kernels/multi_tensor/multi_tensor_scale.h>
 
+#include "common/command_line.h"
 #include "common/flags.h"
 #include "common/timing.h"
 #include "common/workloads.h"
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
   bench::CommonFlags flags(15);
   CLI::App app{"multi_tensor_scale_ vs at::_foreach_mul_ vs a per-tensor loop"};
   flags.add_to(app, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   const bool full = flags.full;
   const int rounds = flags.rounds;
   const torch::Device device = flags.device();

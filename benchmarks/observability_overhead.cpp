@@ -23,6 +23,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
 #include "common/small_cnn.h"
 #include "common/training.h"
 
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--out", out, "Folder for the scratch metrics, report and trace files");
   app.add_option("--observer-steps", observer_steps, "Steps of the observer timed alone")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   return examples::run_main("bench_observability_overhead", [&] {
     std::optional<ddp::ProcessGroup> group;

@@ -20,6 +20,8 @@
 #include <ddp/launch/progress_record.h>
 #include <ddp/progress.h>
 
+#include "common/command_line.h"
+
 namespace {
 
 /// ns per simulated step: one step event and `buckets` collectives (begin + end), `steps` times.
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "Simulated steps per timing")->check(CLI::PositiveNumber);
   app.add_option("--buckets", buckets, "Collectives waited for per step")->check(CLI::NonNegativeNumber);
   app.add_option("--rounds", rounds, "Alternating rounds (each: off, then on)")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   std::vector<double> off, on;
   for (int r = 0; r < rounds; ++r) {
     off.push_back(in_child(false, steps, buckets));

@@ -21,6 +21,7 @@
 #include <ddp/process_group.h>
 #include <ddp/sync_batch_norm.h>
 
+#include "common/command_line.h"
 #include "common/small_cnn.h"
 #include "common/timing.h"
 
@@ -130,7 +131,7 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", sizes.rounds, "Timed rounds per normalization (default 5; 20 with --full)")
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "Intra-op threads per rank")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   if (full) {
     sizes.batch_per_rank = 128;
     sizes.steps_per_sample = 5;

@@ -13,6 +13,7 @@
 
 #include <kernels/multi_tensor/unscale.h>
 
+#include "common/command_line.h"
 #include "common/flags.h"
 #include "common/timing.h"
 #include "common/workloads.h"
@@ -39,7 +40,7 @@ int main(int argc, char** argv) {
   bench::CommonFlags flags(15);
   CLI::App app{"unscale_and_check_ vs at::_amp_foreach_non_finite_check_and_unscale_ vs a per-tensor loop"};
   flags.add_to(app, "The issue's sizes (1 GiB large; 5000 tensors of 1-64 Ki) instead of the quick ones");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   const bool full = flags.full;
   const int rounds = flags.rounds;
   const torch::Device device = flags.device();

@@ -34,6 +34,7 @@
 #include <ddp/process_group.h>
 #include <ddp/shard_layout.h>
 
+#include "common/command_line.h"
 #include "common/timing.h"
 
 namespace {
@@ -261,7 +262,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Intra-op threads per rank for the iteration time")->check(CLI::PositiveNumber);
   bool step_only = false;
   app.add_flag("--step-time-only", step_only, "With --full: only the iteration-time table (no memory runs)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
   if (full && step_only) {
     iteration_time(512, 4, 512, 20, 3, threads);
   } else if (full) {

@@ -41,19 +41,23 @@ bool LossScopes::leave(int64_t loss_id, bool delay_unscale) {
 
 void LossScopes::report_overflows(int64_t max_overflows_at_floor, const std::function<std::string(int64_t)>& name_of,
                                   const std::function<void(const std::string&)>& logger) {
+  // With one loss its id says nothing ("loss 0" reads as a loss of 0); with several it says which.
+  const auto which = [&](size_t id) {
+    return scalers_.size() == 1 ? std::string() : " in loss_id " + std::to_string(id);
+  };
   for (size_t id = 0; id < scalers_.size(); ++id) {
     const ScalerDiagnostics d = scalers_[id]->diagnostics();
     if (d.step < 0 || !d.found_inf) continue;
     ++overflows_since_log_[id];
     if (max_overflows_at_floor > 0 && d.floor_overflows >= max_overflows_at_floor) {
-      TORCH_CHECK(false, "amp: loss ", id, " has overflowed for ", d.floor_overflows,
-                  " consecutive steps with its loss scale at the floor (", d.scale,
+      TORCH_CHECK(false, "amp: the gradients", which(id), " have overflowed for ", d.floor_overflows,
+                  " consecutive steps with the loss scale at the floor (", d.scale,
                   "); the first non-finite gradient is in '", name_of(d.first_nonfinite_index),
                   "'. Training is diverging: lower the learning rate, check the data, or raise min_loss_scale");
     }
     if (d.step - last_logged_step_[id] >= kOverflowLogIntervalSteps) {
       std::ostringstream line;
-      line << "amp: gradient overflow (loss " << id << ", step " << d.step << "): scale now " << d.scale
+      line << "amp: gradient overflow" << which(id) << " at step " << d.step << ": loss scale now " << d.scale
            << ", first non-finite gradient in '" << name_of(d.first_nonfinite_index) << "'; "
            << overflows_since_log_[id] << " overflow(s) since the last report, " << d.skipped_steps
            << " skipped step(s) in total";

@@ -33,6 +33,42 @@ std::vector<std::pair<double, double>> thinned(const std::vector<std::pair<doubl
   return out;
 }
 
+/// 10^e, exact for the exponents a tick step has.
+double power_of_ten(int e) { return std::pow(10.0, e); }
+
+}  // namespace
+
+std::vector<double> axis_ticks(double lo, double hi, bool whole) {
+  if (!std::isfinite(lo) || !std::isfinite(hi) || hi < lo) return {};
+  if (hi == lo) return {lo};
+  // The step m x 10^e, m in {1, 2, 5}: the round number nearest a fifth of the range.
+  const double raw = (hi - lo) / kTicks;
+  int e = static_cast<int>(std::floor(std::log10(raw)));
+  const double f = raw / power_of_ten(e);
+  int m = f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10;
+  if (m == 10) {
+    m = 1;
+    ++e;
+  }
+  if (whole && e < 0) {
+    m = 1;
+    e = 0;
+  }
+  const double step = m * power_of_ten(e);
+  if (std::max(std::fabs(lo), std::fabs(hi)) / step > 1e15) return {lo, hi};  // a range of a few ulps: its ends
+  // k x m / 10^-e rather than k x step: 0.6, not 0.6000000000000001.
+  const auto tick = [&](long long k) {
+    return e >= 0 ? static_cast<double>(k * m) * power_of_ten(e) : static_cast<double>(k * m) / power_of_ten(-e);
+  };
+  std::vector<double> ticks;
+  for (auto k = static_cast<long long>(std::ceil(lo / step)); tick(k) <= hi; ++k) {
+    if (tick(k) >= lo) ticks.push_back(tick(k));
+  }
+  return ticks;
+}
+
+namespace {
+
 std::string number_text(double v) {
   if (v == std::round(v) && std::fabs(v) < 1e9) return fmt::format("{:.0f}", v);  // a count, a loss scale: 16384
   if (v != 0 && (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-3)) return fmt::format("{:.2e}", v);
@@ -76,7 +112,8 @@ std::string html_escape(const std::string& text) {
 }
 
 std::string line_chart_svg(const std::string& id, const std::string& y_label, const std::vector<ChartSeries>& series,
-                           bool log_y) {
+                           YAxis y_axis) {
+  const bool log_y = y_axis == YAxis::kLog2;
   const auto y_of = [&](double v) { return log_y ? std::log2(v) : v; };
   double x_min = 0, x_max = 0, y_min = 0, y_max = 0;
   bool any = false;
@@ -98,7 +135,10 @@ std::string line_chart_svg(const std::string& id, const std::string& y_label, co
     x_min -= 1;
     x_max += 1;
   }
-  if (y_max <= y_min) {  // a flat line: centered, a count of 0 drawn from 0 up
+  if (y_axis != YAxis::kLinear) {  // whole counts, whole powers of two: the axis ends on whole numbers
+    y_min = std::floor(y_min);
+    y_max = std::max(y_min + 1, std::ceil(y_max));
+  } else if (y_max <= y_min) {  // a flat line: centered, 0 drawn from 0 up
     const double pad = y_min == 0 ? 1.0 : std::fabs(y_min) * 0.1;
     y_max += pad;
     y_min = y_min == 0 ? 0.0 : y_min - pad;
@@ -114,27 +154,16 @@ std::string line_chart_svg(const std::string& id, const std::string& y_label, co
       id, kChartWidth, kChartHeight, kChartWidth, kChartHeight, html_escape(y_label));
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#fff\" stroke=\"#999\"/>\n",
                      kMarginLeft, kMarginTop, plot_w, plot_h);
-  if (log_y) {  // whole powers of two on a log axis
-    y_min = std::floor(y_min);
-    y_max = std::max(y_min + 1, std::ceil(y_max));
-  }
-  // Ticks by count, never by adding a step to a double (a range of a few ulps would never end).
-  const int y_ticks = log_y ? static_cast<int>(std::min<double>(kTicks, y_max - y_min)) : kTicks;
-  for (int t = 0; t <= y_ticks; ++t) {
-    const double fy = log_y ? std::round(y_min + (y_max - y_min) * t / y_ticks) : y_min + (y_max - y_min) * t / y_ticks;
+  for (const double fy : axis_ticks(y_min, y_max, y_axis != YAxis::kLinear)) {
     const double y = kMarginTop + (1 - (fy - y_min) / (y_max - y_min)) * plot_h;
-    const double value = log_y ? std::exp2(fy) : fy;
     svg += fmt::format(
         "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1f}\" "
         "font-size=\"11\" text-anchor=\"end\">{}</text>\n",
-        kMarginLeft, y, kMarginLeft + plot_w, y, kMarginLeft - 4, y + 4, number_text(value));
+        kMarginLeft, y, kMarginLeft + plot_w, y, kMarginLeft - 4, y + 4,
+        number_text(y_axis == YAxis::kLog2 ? std::exp2(fy) : fy));
   }
-  // Steps are whole numbers: each tick is a whole step, drawn where that step is (no label twice).
-  double last_tick = x_min - 1;
-  for (int t = 0; t <= kTicks; ++t) {
-    const double fx = std::round(x_min + (x_max - x_min) * t / kTicks);
-    if (fx <= last_tick || fx < x_min || fx > x_max) continue;
-    last_tick = fx;
+  // Steps are whole numbers: each tick is a whole step, drawn where that step is.
+  for (const double fx : axis_ticks(x_min, x_max, /*whole=*/true)) {
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{}</text>\n", px(fx),
                        kMarginTop + plot_h + 14, number_text(fx));
   }
@@ -179,12 +208,12 @@ std::string bar_chart_svg(const std::string& id, const std::string& y_label,
       "<svg id=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
       "role=\"img\" aria-label=\"{}\">\n",
       id, kChartWidth, kChartHeight, kChartWidth, kChartHeight, html_escape(y_label));
-  for (int t = 0; t <= kTicks; ++t) {
-    const double y = kMarginTop + (1 - static_cast<double>(t) / kTicks) * plot_h;
+  for (const double value : axis_ticks(0, top)) {
+    const double y = kMarginTop + (1 - value / top) * plot_h;
     svg += fmt::format(
         "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1f}\" "
         "font-size=\"11\" text-anchor=\"end\">{}</text>\n",
-        kMarginLeft, y, kMarginLeft + plot_w, y, kMarginLeft - 4, y + 4, number_text(top * t / kTicks));
+        kMarginLeft, y, kMarginLeft + plot_w, y, kMarginLeft - 4, y + 4, number_text(value));
   }
   svg += fmt::format(
       "<text x=\"14\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\" transform=\"rotate(-90 14 {})\">{}</text>\n",
@@ -258,11 +287,12 @@ std::string timeline_svg(const std::string& id, const std::vector<std::vector<dd
     }
     y += kRankGap;
   }
-  for (int t = 0; t <= kTicks; ++t) {
-    const double us = t0 + (t1 - t0) * t / kTicks;
-    const char* anchor = t == 0 ? "start" : t == kTicks ? "end" : "middle";  // the ends stay inside the picture
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"{}\">{:.1f} ms</text>\n", px(us),
-                       y + 12, anchor, (us - t0) / 1000.0);
+  for (const double ms : axis_ticks(0, (t1 - t0) / 1000.0)) {
+    const double x = px(t0 + ms * 1000.0);
+    // Labels near the ends stay inside the picture.
+    const char* anchor = x < kLabelWidth + 30 ? "start" : x > width - 40 ? "end" : "middle";
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"{}\">{} ms</text>\n", x, y + 12,
+                       anchor, number_text(ms));
   }
   if (!any) svg += "<text x=\"200\" y=\"30\" font-size=\"12\">no events recorded</text>\n";
   return svg + "</svg>\n";
@@ -379,9 +409,10 @@ std::string report_html(const RunReport& report) {
   body += "<h2>Throughput</h2>\n" + figure("Samples per second of the whole job between logged steps",
                                            line_chart_svg("fig-throughput", "samples/s", throughput));
   if (amp) {
-    body += "<h2>Loss scale</h2>\n" + figure("Dynamic loss scale (log scale) and the steps skipped for overflow so far",
-                                             line_chart_svg("fig-scale", "loss scale", scale, /*log_y=*/true) +
-                                                 line_chart_svg("fig-skipped", "skipped steps", skipped));
+    body +=
+        "<h2>Loss scale</h2>\n" + figure("Dynamic loss scale (log scale) and the steps skipped for overflow so far",
+                                         line_chart_svg("fig-scale", "loss scale", scale, YAxis::kLog2) +
+                                             line_chart_svg("fig-skipped", "skipped steps", skipped, YAxis::kCount));
   }
   body += "<h2>Step time per rank</h2>\n" +
           figure("Each rank's step time on the logged steps: a straggler stands above the others",

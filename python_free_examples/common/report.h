@@ -37,10 +37,20 @@ struct ChartSeries {
   std::vector<std::pair<double, double>> points;
 };
 
-/// An SVG line chart (<svg id="`id`">), with axes, ticks, a legend and points' values as tooltips (<title>).
-/// `log_y`: a base-2 logarithmic y axis (for the loss scale; points <= 0 are left out).
+/// What a line chart's y axis holds.
+enum class YAxis {
+  kLinear,  ///< any values
+  kCount,   ///< whole numbers (skipped steps): whole ticks only
+  kLog2,    ///< a base-2 logarithmic axis (the loss scale; points <= 0 are left out), ticks at whole powers of two
+};
+
+/// Round tick values for an axis over [lo, hi], in order: the multiples of one step (1, 2 or 5 x 10^k) that lie inside
+/// [lo, hi], three to eight of them. `whole`: a step of 1 at least (steps, counts), so a short range may have fewer.
+std::vector<double> axis_ticks(double lo, double hi, bool whole = false);
+
+/// An SVG line chart (<svg id="`id`">), with axes, round ticks, a legend and points' values as tooltips (<title>).
 std::string line_chart_svg(const std::string& id, const std::string& y_label, const std::vector<ChartSeries>& series,
-                           bool log_y = false);
+                           YAxis y_axis = YAxis::kLinear);
 
 /// An SVG bar chart (<svg id="`id`">): one labelled bar per (label, value), values >= 0, each value as a tooltip.
 std::string bar_chart_svg(const std::string& id, const std::string& y_label,

@@ -127,25 +127,6 @@ amp::Options amp_options(const std::string& opt_level, c10::ScalarType half_dtyp
   return options;
 }
 
-std::optional<int> parse_flags(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    const std::string program = argc > 0 ? argv[0] : app.get_name();
-    const size_t slash = program.rfind('/');
-    std::fprintf(stderr, "%s: %s (see --help)\n", program.substr(slash == std::string::npos ? 0 : slash + 1).c_str(),
-                 one_line(e.what()).c_str());
-    return e.get_exit_code() != 0 ? e.get_exit_code() : 2;
-  }
-  return std::nullopt;
-}
-
 void require_positive(const char* flag, int64_t value) {
   if (value <= 0) throw std::invalid_argument(fmt::format("{} must be a positive integer, got {}", flag, value));
 }
@@ -648,26 +629,6 @@ void load_resume_checkpoint(const std::string& path, const std::function<void()>
   } catch (const std::exception& e) {
     throw resume_error(e.what());
   }
-}
-
-std::string one_line(const std::string& message) {
-  // LibTorch appends its backtrace to what(); a message that embeds another error's what() carries it along.
-  std::string text = message.substr(0, message.find("\nException raised from"));
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  std::string out;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte == '\n') {
-      out += "; ";
-    } else if (byte == '\t') {
-      out += ' ';
-    } else if (byte < 0x20 || byte >= 0x7f) {
-      out += fmt::format("\\x{:02x}", byte);
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 int run_main(const char* program, const std::function<void()>& body) {

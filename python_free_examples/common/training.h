@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.h"
 #include "common/fashion_mnist.h"
 #include "common/metrics.h"
 #include "common/progress.h"
@@ -56,11 +57,6 @@ struct CommonFlags {
 /// them (call it first). Values are checked after parsing by check_common_flags (CLI11's own range checks print
 /// "Value 0 not in range 0.000000 to 1797...", a 300-digit bound).
 void add_common_flags(CLI::App& app, CommonFlags& flags);
-
-/// Parses the command line into `app`'s options. Returns nullopt to go on; otherwise the exit status: 0 after
-/// --help (printed on stdout), non-zero after a bad command line, reported as one line on stderr
-/// ("program: message (see --help)").
-std::optional<int> parse_flags(CLI::App& app, int argc, char** argv);
 
 /// Checks what CLI11 cannot say well: --epochs and --batch-size positive, --lr positive and finite, --limit-train
 /// and --progress-every not negative, --save-every and --stop-after-steps positive when given, --save-every only with
@@ -285,10 +281,6 @@ std::optional<RunState> load_amp_checkpoint(const std::string& path, amp::Model<
 /// Runs `load` (which reads the --resume checkpoint `path`) and re-throws its failure as one line naming --resume
 /// and the path once: "--resume 'path': <what was wrong>" (amp's own "checkpoint 'path': " before it is dropped).
 void load_resume_checkpoint(const std::string& path, const std::function<void()>& load);
-
-/// `message` as one printable line: a LibTorch backtrace nested in it ("Exception raised from ... frame #0")
-/// is cut, line breaks become "; ", and bytes outside printable ASCII are written as \xNN.
-std::string one_line(const std::string& message);
 
 /// Runs `body` and turns an exception into "program: message" on stderr (one line: one_line of the message
 /// without LibTorch's backtrace) and exit status 1.

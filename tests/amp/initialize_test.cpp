@@ -283,7 +283,9 @@ TEST(InitializeTest, TwoLossesKeepSeparateScalesAndSumTheirGradients) {
   // gradient of fc2.weight is a sum over 4 rows of products of them: a few 2^-8, far inside 5e-2 (12 units) on any
   // kernel path (Note [bounds on every CPU kernel path]). A lost scale or a missing loss is off by 1/3 or more.
   EXPECT_TRUE(torch::allclose(master.grad(), ref_net->fc2->weight.grad(), 5e-2, 5e-2));
-  // Now overflow only loss 1: its scale backs off, loss 0's does not.
+  // Now overflow only loss 1: its scale backs off, loss 0's does not, and the log line says which loss.
+  std::vector<std::string> lines;
+  optimizer.set_overflow_logger([&](const std::string& line) { lines.push_back(line); });
   optimizer.step();
   optimizer.zero_grad();
   auto x2 = batch(4, 4);
@@ -298,6 +300,8 @@ TEST(InitializeTest, TwoLossesKeepSeparateScalesAndSumTheirGradients) {
   }
   optimizer.step();
   EXPECT_EQ(optimizer.scaler(0).scale().item<double>(), 65536.0);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("amp: gradient overflow in loss_id 1 at step ", 0), 0u) << lines[0];
   EXPECT_EQ(optimizer.scaler(1).scale().item<double>(), 32768.0);
 }
 
@@ -423,7 +427,9 @@ TEST(InitializeTest, OverflowsAreLoggedRateLimitedAndAStalledFloorIsAnError) {
       train_step(model, optimizer, x);
     } catch (const c10::Error& e) {
       threw = true;
-      EXPECT_NE(std::string(e.what()).find("consecutive steps with its loss scale at the floor (1)"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("amp: the gradients have overflowed for 5 consecutive steps with the loss "
+                                           "scale at the floor (1)"),
+                std::string::npos)
           << e.what();
       EXPECT_NE(std::string(e.what()).find("'fc1.weight'"), std::string::npos) << e.what();
     }
@@ -431,6 +437,8 @@ TEST(InitializeTest, OverflowsAreLoggedRateLimitedAndAStalledFloorIsAnError) {
   EXPECT_TRUE(threw) << "every step overflows with the scale at its floor: the scaler must give up";
   ASSERT_EQ(lines.size(), 1u) << "overflow lines are rate-limited";
   EXPECT_NE(lines[0].find("first non-finite gradient in 'fc1.weight'"), std::string::npos) << lines[0];
+  // One loss: no loss id in the line ("loss 0" would read as a loss value of 0).
+  EXPECT_EQ(lines[0].rfind("amp: gradient overflow at step 1: loss scale now ", 0), 0u) << lines[0];
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The HTML report's promises that need no program run: a long run stays a few hundred KB, text is escaped, the
 // per-rank table shows the overlap the timeline implies. (observability_test.cpp runs the programs; tests/report/
 // opens a report in a browser.)
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -78,8 +79,8 @@ TEST(ReportTest, AResumedRunSaysWhichStepsItCovers) {
 TEST(ReportTest, StepTicksAreWholeStepsDrawnWhereThoseStepsAre) {
   examples::ChartSeries series{"loss", {{2, 1.0}, {8, 0.5}}};
   const std::string svg = examples::line_chart_svg("fig-x", "loss", {series});
-  // Steps 2..8 over 5 intervals round to 2, 3, 4, 6, 7, 8: each once, and step 3 drawn at step 3 (1/6 of the way).
-  for (const char* tick : {">2</text>", ">3</text>", ">4</text>", ">6</text>", ">7</text>", ">8</text>"}) {
+  // Steps 2..8: a tick at each step, each once, and step 3 drawn at step 3 (1/6 of the way).
+  for (const char* tick : {">2</text>", ">3</text>", ">4</text>", ">5</text>", ">6</text>", ">7</text>", ">8</text>"}) {
     EXPECT_EQ(count_of(svg, tick), 1u) << tick << "\n" << svg;
   }
   EXPECT_NE(svg.find("<text x=\"160.0\" y=\"238\" font-size=\"11\" text-anchor=\"middle\">3</text>"), std::string::npos)
@@ -87,6 +88,48 @@ TEST(ReportTest, StepTicksAreWholeStepsDrawnWhereThoseStepsAre) {
   examples::ChartSeries one{"accuracy", {{16, 60.0}}};
   const std::string single = examples::line_chart_svg("fig-y", "accuracy", {one});
   EXPECT_NE(single.find("cx=\"340.0\""), std::string::npos) << "one point sits in the middle: " << single;
+}
+
+TEST(ReportTest, AxisTicksAreRoundNumbersInsideTheRange) {
+  using V = std::vector<double>;
+  EXPECT_EQ(examples::axis_ticks(0.552, 1.37), (V{0.6, 0.8, 1.0, 1.2})) << "a loss: not 0.552, 0.7155, 0.8791";
+  EXPECT_EQ(examples::axis_ticks(10, 96, /*whole=*/true), (V{20, 40, 60, 80}));
+  EXPECT_EQ(examples::axis_ticks(2, 3, /*whole=*/true), (V{2, 3})) << "a count: not 2.2, 2.4";
+  EXPECT_EQ(examples::axis_ticks(0, 880.3), (V{0, 200, 400, 600, 800}));
+  EXPECT_EQ(examples::axis_ticks(-0.03, 0.07), (V{-0.02, 0, 0.02, 0.04, 0.06}));
+  EXPECT_EQ(examples::axis_ticks(368, 439.5), (V{370, 380, 390, 400, 410, 420, 430}));
+  EXPECT_EQ(examples::axis_ticks(5, 5), (V{5}));
+  EXPECT_EQ(examples::axis_ticks(1e17, 1e17 + 16), (V{1e17, 1e17 + 16})) << "a range of a few ulps: its ends";
+  EXPECT_TRUE(examples::axis_ticks(3, 2).empty());
+  EXPECT_TRUE(examples::axis_ticks(0, std::numeric_limits<double>::infinity()).empty());
+  for (double lo : {-7.3, 0.0, 0.001, 12.5, 3e6}) {
+    for (double span : {1e-6, 0.37, 1.0, 9.99, 1234.5, 8e9}) {
+      const V ticks = examples::axis_ticks(lo, lo + span);
+      EXPECT_GE(ticks.size(), 3u) << lo << " + " << span;
+      EXPECT_LE(ticks.size(), 8u) << lo << " + " << span;
+      for (double t : ticks) {
+        EXPECT_GE(t, lo);
+        EXPECT_LE(t, lo + span);
+      }
+    }
+  }
+}
+
+TEST(ReportTest, TheSkippedStepsAxisCountsInWholeSteps) {
+  examples::RunReport report;
+  for (int64_t s = 1; s <= 3; ++s) {
+    examples::StepRecord r;
+    r.step = s;
+    r.loss = 1;
+    r.loss_scale = 65536.0;
+    r.skipped_steps = s < 3 ? 2 : 3;
+    report.steps.push_back(r);
+  }
+  const std::string html = examples::report_html(report);
+  const std::string skipped = html.substr(html.find("id=\"fig-skipped\""));
+  EXPECT_EQ(skipped.find(">2.2</text>"), std::string::npos) << skipped;
+  EXPECT_NE(skipped.find(">2</text>"), std::string::npos) << skipped;
+  EXPECT_NE(skipped.find(">3</text>"), std::string::npos) << skipped;
 }
 
 TEST(ReportTest, TheRunsTextIsEscaped) {

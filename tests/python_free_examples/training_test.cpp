@@ -219,7 +219,27 @@ TEST(ParseFlagsTest, ABadCommandLineIsOneLineAndANonZeroStatus) {
   const std::string err = testing::internal::GetCapturedStderr();
   ASSERT_TRUE(status.has_value());
   EXPECT_NE(*status, 0);
-  EXPECT_EQ(err, "example: The following argument was not expected: --no-such-flag (see --help)\n");
+  EXPECT_EQ(err, "example: unknown flag --no-such-flag (see --help)\n");
+}
+
+TEST(ParseFlagsTest, UnknownFlagsAreNamedInCommandLineOrder) {
+  const auto error_of = [](std::vector<std::string> args) {
+    examples::CommonFlags flags;
+    CLI::App app{"test"};
+    examples::add_common_flags(app, flags);
+    args.insert(args.begin(), "example");
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    testing::internal::CaptureStderr();
+    const auto status = examples::parse_flags(app, static_cast<int>(argv.size()), argv.data());
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(status.has_value() && *status != 0);
+    return err;
+  };
+  // CLI11's own line was "The following arguments were not expected: x --what 1 --bogus".
+  EXPECT_EQ(error_of({"--bogus", "1", "--epochs", "2", "--what", "x"}),
+            "example: unknown flags --bogus, --what (see --help)\n");
+  EXPECT_EQ(error_of({"stray", "-1"}), "example: unexpected arguments stray -1 (see --help)\n");
 }
 
 }  // namespace
