@@ -159,8 +159,7 @@ std::string line_chart_svg(const std::string& id, const std::string& y_label, co
     svg += fmt::format(
         "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1f}\" "
         "font-size=\"11\" text-anchor=\"end\">{}</text>\n",
-        kMarginLeft, y, kMarginLeft + plot_w, y, kMarginLeft - 4, y + 4,
-        number_text(y_axis == YAxis::kLog2 ? std::exp2(fy) : fy));
+        kMarginLeft, y, kMarginLeft + plot_w, y, kMarginLeft - 4, y + 4, number_text(log_y ? std::exp2(fy) : fy));
   }
   // Steps are whole numbers: each tick is a whole step, drawn where that step is.
   for (const double fx : axis_ticks(x_min, x_max, /*whole=*/true)) {
