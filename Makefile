@@ -54,7 +54,7 @@ demo: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target bench_amp_vs_fp32
 	$(BUILD_DIR)/benchmarks/bench_amp_vs_fp32 $(DEMO_ARGS)
 
-BENCHMARKS := bench_multi_tensor_scale bench_unscale bench_l2_norm bench_fused_adamw bench_amp_overhead \
+BENCHMARKS := bench_multi_tensor_scale bench_unscale bench_copy_axpby bench_l2_norm bench_fused_adamw bench_amp_overhead \
               bench_allreduce_busbw
 bench: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(BENCHMARKS)

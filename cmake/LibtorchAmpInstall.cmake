@@ -13,4 +13,5 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/libtorch_ampConfig.cma
   ${PROJECT_BINARY_DIR}/libtorch_ampConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/libtorch_amp)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/libtorch_ampConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/libtorch_ampConfig.cmake ${PROJECT_BINARY_DIR}/libtorch_ampConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/LibtorchAmpOpenMP.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/libtorch_amp)

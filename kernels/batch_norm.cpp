@@ -1,7 +1,7 @@
 #include <kernels/batch_norm.h>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 #include <c10/util/Exception.h>
 
 #include <kernels/cpu/batch_norm_cpu.h>
@@ -53,7 +53,7 @@ bool on_twins(const at::Tensor& x) { return x.scalar_type() != at::kDouble; }
 
 void stats_fp64(const double* x, const cpu::ChannelLayout& l, double* mean, double* var) {
   const auto count = static_cast<double>(l.samples * l.inner);
-  at::parallel_for(0, l.channels, 1, [&](int64_t begin, int64_t end) {
+  ::kernels::cpu::parallel_for(0, l.channels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       double sum = 0;
       for (int64_t s = 0; s < l.samples; ++s) {
@@ -74,7 +74,7 @@ void stats_fp64(const double* x, const cpu::ChannelLayout& l, double* mean, doub
 
 void grad_sums_fp64(const double* dy, const double* x, const cpu::ChannelLayout& l, const double* mean, double* sum_dy,
                     double* sum_dy_xmu) {
-  at::parallel_for(0, l.channels, 1, [&](int64_t begin, int64_t end) {
+  ::kernels::cpu::parallel_for(0, l.channels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       double s_dy = 0;
       double s_dy_xmu = 0;
@@ -95,7 +95,7 @@ void grad_sums_fp64(const double* dy, const double* x, const cpu::ChannelLayout&
 template <typename Fn>
 void for_each_run_fp64(const cpu::ChannelLayout& l, const Fn& fn) {
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(l.inner, 1));
-  at::parallel_for(0, l.samples * l.channels, grain, [&](int64_t begin, int64_t end) {
+  ::kernels::cpu::parallel_for(0, l.samples * l.channels, grain, [&](int64_t begin, int64_t end) {
     for (int64_t run = begin; run < end; ++run) fn(run, run % l.channels);
   });
 }

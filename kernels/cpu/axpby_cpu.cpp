@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 
 #include <kernels/cpu/chunks.h>
 #include <kernels/cpu/converting_access.h>
@@ -62,7 +62,7 @@ template <typename X, typename Y, typename Out>
 void axpby_lists(const PointerLists<3>& lists, float a, float b, float* found_inf, bool check_x, bool check_y) {
   const std::vector<CpuChunk> chunks = split_into_chunks(lists);
   std::vector<uint8_t> chunk_bad(chunks.size(), 0);
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
+  ::kernels::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
       const auto& entry = lists.addresses[chunks[c].entry];
       const int64_t begin = chunks[c].begin;

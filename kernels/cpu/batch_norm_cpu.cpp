@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 
 #include <kernels/cpu/converting_access.h>
 
@@ -52,7 +52,7 @@ double run_sum(int64_t n, const VectorTerm& vector_term, const ScalarTerm& scala
 /// Runs fn(c) for every channel, in parallel.
 template <typename Fn>
 void for_each_channel(int64_t channels, const Fn& fn) {
-  at::parallel_for(0, channels, 1, [&](int64_t begin, int64_t end) {
+  ::kernels::cpu::parallel_for(0, channels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) fn(c);
   });
 }
@@ -61,7 +61,7 @@ void for_each_channel(int64_t channels, const Fn& fn) {
 template <typename Fn>
 void for_each_run(const ChannelLayout& l, const Fn& fn) {
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(l.inner, 1));
-  at::parallel_for(0, l.samples * l.channels, grain, [&](int64_t begin, int64_t end) {
+  ::kernels::cpu::parallel_for(0, l.samples * l.channels, grain, [&](int64_t begin, int64_t end) {
     for (int64_t run = begin; run < end; ++run) fn(run, run % l.channels);
   });
 }

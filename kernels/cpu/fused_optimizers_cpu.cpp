@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 #include <ATen/cpu/vec/functional.h>  // convert_to_float / convert_from_float specializations
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -110,20 +110,18 @@ void sgd_span(const SgdCoefficients& c, TParam* param, const TGrad* grad, float*
   }
 }
 
-/// Splits all elements of `lists` evenly over at::parallel_for's threads (tensors of very different sizes
-/// would leave threads idle if whole chunks were dealt out by count) and calls
-/// span(entry, first element, element count) for each piece; pieces never cross a tensor boundary.
+/// Cuts every tensor of `lists` into chunks of kChunkElements (kernels/cpu/chunks.h: fixed by the data, not by
+/// the thread count), spreads the chunks over the threads and calls span(entry, first element, element count) for
+/// each. Every vector block then starts at the same offset from its tensor's start for any thread count. That is
+/// what keeps the results bit-identical: an element's bits can depend on where in a block it sits (a block is two
+/// fp32 vectors, each compiled on its own), and the split used before issue 44 (all elements cut into equal parts,
+/// one per thread) moved the blocks with the thread count: at 2 threads it changed about one element in eight of a
+/// tensor that straddled the cut by an ulp (CpuThreadsTest).
 template <int kDepth, typename SpanFn>
 void parallel_over_elements(const PointerLists<kDepth>& lists, const SpanFn& span) {
-  std::vector<int64_t> offsets(static_cast<size_t>(lists.size()) + 1, 0);
-  for (int64_t t = 0; t < lists.size(); ++t) offsets[t + 1] = offsets[t] + lists.num_elements[t];
-  at::parallel_for(0, offsets.back(), kChunkElements, [&](int64_t begin, int64_t end) {
-    auto t = static_cast<int64_t>(std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin()) - 1;
-    for (; begin < end; ++t) {
-      const int64_t stop = std::min(end, offsets[t + 1]);
-      if (stop > begin) span(t, begin - offsets[t], stop - begin);
-      begin = stop;
-    }
+  const std::vector<CpuChunk> chunks = split_into_chunks(lists);
+  ::kernels::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) span(chunks[c].entry, chunks[c].begin, chunks[c].num_elements);
   });
 }
 

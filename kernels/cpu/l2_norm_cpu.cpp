@@ -4,7 +4,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -71,7 +71,7 @@ double sum_of_squares(const T* data, int64_t n, float inv_scale) {
 template <typename T>
 void partials_of(const PointerLists<1>& lists, const int64_t* slot_base, float inv_scale, double* partials) {
   const std::vector<CpuChunk> chunks = split_into_chunks(lists);
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
+  ::kernels::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
       const CpuChunk& chunk = chunks[c];
       const T* data = static_cast<const T*>(lists.addresses[chunk.entry][0]) + chunk.begin;

@@ -1,6 +1,6 @@
 #include <kernels/cpu/multi_tensor_scale_cpu.h>
 
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -16,7 +16,7 @@ namespace {
 template <typename T>
 void scale_chunks(const PointerLists<1>& lists, const std::vector<CpuChunk>& chunks, float scale) {
   using Vec = at::vec::Vectorized<float>;
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
+  ::kernels::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
       const CpuChunk& chunk = chunks[c];
       T* data = static_cast<T*>(lists.addresses[chunk.entry][0]) + chunk.begin;

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 
 #include <kernels/cpu/chunks.h>
 #include <kernels/cpu/converting_access.h>
@@ -40,7 +40,7 @@ template <bool kCheck, typename Src, typename Dst>
 void copy_lists(const PointerLists<2>& lists, float scale, float* found_inf, int32_t* first_index) {
   const std::vector<CpuChunk> chunks = split_into_chunks(lists);
   std::vector<uint8_t> chunk_bad(chunks.size(), 0);
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
+  ::kernels::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
       const auto& entry = lists.addresses[chunks[c].entry];
       const Src* src = static_cast<const Src*>(entry[0]) + chunks[c].begin;

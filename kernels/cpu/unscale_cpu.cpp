@@ -2,7 +2,7 @@
 
 #include <type_traits>
 
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -60,7 +60,7 @@ void unscale_lists(const PointerLists<1>& lists, float inv_scale, float* found_i
   const std::vector<CpuChunk> chunks = split_into_chunks(lists);
   std::vector<uint8_t> chunk_bad(chunks.size(), 0);
   const bool check_results = !(inv_scale <= 1.0f);  // NaN inv_scale: check everything
-  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
+  ::kernels::cpu::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
       T* data = static_cast<T*>(lists.addresses[chunks[c].entry][0]) + chunks[c].begin;
       chunk_bad[c] = check_results ? unscale_span<T, true>(data, chunks[c].num_elements, inv_scale)

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <kernels/cpu/parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Float8_e4m3fn.h>
@@ -44,7 +44,7 @@ void raise_amax(std::atomic<uint32_t>& key, uint32_t local) {
 template <typename In, typename Out>
 uint32_t quantize_cpu(const In* x, Out* q, int64_t n, float scale, float fp8_max) {
   std::atomic<uint32_t> key{0};
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+  ::kernels::cpu::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     uint32_t local = 0;
     for (int64_t i = begin; i < end; ++i) {
       const float v = static_cast<float>(x[i]);
@@ -84,7 +84,7 @@ uint32_t cast_transpose_cpu(const In* x, Out* q, Out* qt, int64_t rows, int64_t 
                             float fp8_max) {
   std::atomic<uint32_t> key{0};
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
-  at::parallel_for(0, row_tiles, std::max<int64_t>(1, kGrain / (kTile * std::max<int64_t>(cols, 1))),
+  ::kernels::cpu::parallel_for(0, row_tiles, std::max<int64_t>(1, kGrain / (kTile * std::max<int64_t>(cols, 1))),
                    [&](int64_t first, int64_t last) {
                      uint32_t local = 0;
                      for (int64_t tile = first; tile < last; ++tile) {

@@ -17,6 +17,7 @@
 #include <amp/zero.h>
 #include <ddp/launch_env.h>  // a forwarding header at a path that moved (to ddp/launch/)
 #include <ddp/spawn.h>
+#include <kernels/cpu_threads.h>
 #include <kernels/fused_optimizers.h>
 #include <kernels/l2_norm.h>
 #include <kernels/multi_tensor_scale.h>  // likewise (to kernels/multi_tensor/)
@@ -33,6 +34,13 @@ int main() {
   }
   if (ddp::launched_by_launcher()) return 3;
   if (amp::FusedAdamOptions(1e-3).lr() != 1e-3) return 4;
-  std::printf("consumer: scaled %zu tensors, autocast scope ok\n", tensors.size());
+  // The kernels' CPU loops spread over LibTorch's threads in a consumer's program too (the package links the OpenMP
+  // runtime LibTorch loads): 4 chunks of 64 Ki elements on 2 threads.
+  at::set_num_threads(2);
+  std::vector<torch::Tensor> large = {torch::ones({4 * 65536})};
+  kernels::multi_tensor_scale_(large, 0.5);
+  if (kernels::last_cpu_loop_threads() != 2) return 5;
+  std::printf("consumer: scaled %zu tensors, autocast scope ok, kernels on %d threads\n", tensors.size(),
+              kernels::last_cpu_loop_threads());
   return 0;
 }
