@@ -30,9 +30,13 @@ build: configure
 
 # --timeout: a test without its own TIMEOUT that hangs fails alone instead of stalling the run. --browser: chromium
 # for the test that opens the run report in a headless browser (only the tests need it; it skips without one).
+# OMP_WAIT_POLICY=PASSIVE (unless set): ctest runs JOBS test processes on JOBS cores, each with LibTorch's default
+# OpenMP threads, and GNU OpenMP's threads spin at every barrier, taking the cores the other tests need: two copies of
+# the FP8 CNN test side by side took 75 s each with spinning and 32 s passive (12 s for one alone); results are the
+# same bits (docs/testing.md, "The suite's threads").
 test: build
 	@scripts/bootstrap.sh --browser
-	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 1200 -j $(JOBS)
+	cd $(BUILD_DIR) && OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} ctest --output-on-failure --timeout 1200 -j $(JOBS)
 
 # AddressSanitizer over the tests that read and write files (Fashion-MNIST loading, gzip, checkpoints): $(ASAN_DIR)
 # builds only test_examples and test_amp_files, with the frontend code and the amp library instrumented (the lower
