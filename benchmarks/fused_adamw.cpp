@@ -195,8 +195,9 @@ Result run_job(Optimizer o, bool with_masters, const std::vector<int64_t>& sizes
 int main(int argc, char** argv) {
   bench::CommonFlags flags(10);
   std::string optimizer_name = "adamw";
-  CLI::App app{"Our fused optimizer step vs LibTorch's fused step (at::_fused_adamw_ / _fused_adam_ / _fused_sgd_) vs "
-               "torch::optim's step"};
+  CLI::App app{
+      "Our fused optimizer step vs LibTorch's fused step (at::_fused_adamw_ / _fused_adam_ / _fused_sgd_) vs "
+      "torch::optim's step"};
   flags.add_to(app, "The issue's 5000 tensors of 1-64 Ki plus 4 x 16 Mi instead of a small transformer");
   app.add_option("--optimizer", optimizer_name, "adamw, adam (L2 weight decay) or sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "adam", "sgd"}))
@@ -215,8 +216,8 @@ int main(int argc, char** argv) {
   fmt::print(
       "fused {} step on {} ({} mode: {} tensors, {:.2f} M elements; {} threads, ATen CPU capability {}; {} rounds, "
       "median)\n",
-      name_of(optimizer), device.str(), full ? "full" : "quick", sizes.size(), static_cast<double>(elements) / 1e6, at::get_num_threads(),
-      at::get_cpu_capability(), rounds);
+      name_of(optimizer), device.str(), full ? "full" : "quick", sizes.size(), static_cast<double>(elements) / 1e6,
+      at::get_num_threads(), at::get_cpu_capability(), rounds);
   fmt::print("{:<12} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8}\n", "job", "ours ms", "fused ms", "optim ms",
              "ours GB/s", "fused GB/s", "optim GB/s", "x fused", "x optim");
   const double bytes = static_cast<double>(elements * bytes_per_element(optimizer));

@@ -22,39 +22,62 @@ function(lta_torch_uses_openmp include_dirs out_var)
   set(${out_var} ${_uses} PARENT_SCOPE)
 endfunction()
 
-# Sets `out_var` to the OpenMP runtime library that LibTorch under `torch_root` ships and libtorch_cpu loads (the
-# pip wheel's torch/lib/libgomp.so.1; a LibTorch archive may carry it renamed, libgomp-<hash>.so.1), or to "" when
-# it ships none (a LibTorch built against the system's runtime: then the compiler's own is the same one).
+# Sets `out_var` to the OpenMP runtime file that libtorch_cpu.so under `torch_root` loads, when LibTorch ships it
+# (the pip wheel's torch/lib/libgomp.so.1; a LibTorch archive may carry it renamed, libgomp-<hash>.so.1; auditwheel
+# puts it in torch.libs/), or to "" when LibTorch uses the system's (then the system's libgomp is the one). The
+# library libtorch_cpu.so names (its NEEDED entry, read with readelf) decides; without readelf, the first of
+# libgomp*, libiomp5*, libomp* found in those folders.
 function(lta_torch_openmp_runtime torch_root out_var)
-  file(GLOB _found LIST_DIRECTORIES false "${torch_root}/lib/libgomp*.so*" "${torch_root}/lib/libiomp5*.so*"
-       "${torch_root}/lib/libomp*.so*")
-  list(SORT _found)
-  set(_runtime "")
-  foreach(_lib IN LISTS _found)
-    if(NOT IS_SYMLINK "${_lib}" OR NOT _runtime)  # a real file wins over a link to it
-      set(_runtime "${_lib}")
+  set(_dirs "${torch_root}/lib" "${torch_root}/../torch.libs")
+  set(_needed "")
+  find_program(_lta_readelf NAMES readelf)
+  if(_lta_readelf AND EXISTS "${torch_root}/lib/libtorch_cpu.so")
+    execute_process(COMMAND "${_lta_readelf}" -d "${torch_root}/lib/libtorch_cpu.so" OUTPUT_VARIABLE _dynamic
+                    ERROR_QUIET RESULT_VARIABLE _rc)
+    if(_rc EQUAL 0)
+      string(REGEX MATCHALL "Shared library: \\[lib(g|i)?omp[^]]*\\]" _needed "${_dynamic}")
+      string(REGEX REPLACE "Shared library: \\[([^]]*)\\]" "\\1" _needed "${_needed}")
     endif()
-  endforeach()
+  endif()
+  set(_runtime "")
+  if(_needed)
+    foreach(_name IN LISTS _needed)
+      foreach(_dir IN LISTS _dirs)
+        if(NOT _runtime AND EXISTS "${_dir}/${_name}")
+          get_filename_component(_runtime "${_dir}/${_name}" ABSOLUTE)
+        endif()
+      endforeach()
+    endforeach()
+  else()
+    foreach(_pattern libgomp*.so* libiomp5*.so* libomp*.so*)
+      foreach(_dir IN LISTS _dirs)
+        file(GLOB _found LIST_DIRECTORIES false "${_dir}/${_pattern}")
+        list(SORT _found)
+        if(NOT _runtime AND _found)
+          list(GET _found 0 _first)
+          get_filename_component(_runtime "${_first}" ABSOLUTE)
+        endif()
+      endforeach()
+    endforeach()
+  endif()
   set(${out_var} "${_runtime}" PARENT_SCOPE)
 endfunction()
 
 # Defines the INTERFACE target `name` that links the OpenMP runtime LibTorch under `torch_root` uses: its own copy
 # when it ships one (linked by path, so the process loads that one file: libtorch_cpu's NEEDED entry names the same
-# soname), else the compiler's (OpenMP::OpenMP_CXX's libraries, without its compile flag). Sets `out_var` to what
-# it links, for the configure summary.
+# soname), else the system's GNU libgomp (our kernels are compiled by GCC, whose OpenMP code calls libgomp). Sets
+# `out_var` to what it links, or "" when there is nothing to link.
 function(lta_add_openmp_runtime_target name torch_root out_var)
   lta_torch_openmp_runtime("${torch_root}" _runtime)
-  if(_runtime)
-    set(_link "${_runtime}")
-  else()
-    find_package(OpenMP QUIET COMPONENTS CXX)
-    if(NOT OpenMP_CXX_FOUND)
-      set(${out_var} "" PARENT_SCOPE)
-      return()
-    endif()
-    set(_link ${OpenMP_CXX_LIBRARIES})
+  if(NOT _runtime)
+    find_library(_lta_system_gomp NAMES gomp libgomp.so.1)
+    set(_runtime "${_lta_system_gomp}")
+  endif()
+  if(NOT _runtime)
+    set(${out_var} "" PARENT_SCOPE)
+    return()
   endif()
   add_library(${name} INTERFACE IMPORTED)
-  set_property(TARGET ${name} PROPERTY INTERFACE_LINK_LIBRARIES "${_link}")
-  set(${out_var} "${_link}" PARENT_SCOPE)
+  set_property(TARGET ${name} PROPERTY INTERFACE_LINK_LIBRARIES "${_runtime}")
+  set(${out_var} "${_runtime}" PARENT_SCOPE)
 endfunction()

@@ -1,11 +1,11 @@
 #include <kernels/batch_norm.h>
 
 #include <ATen/ATen.h>
-#include <kernels/cpu/parallel.h>
 #include <c10/util/Exception.h>
 
 #include <kernels/cpu/batch_norm_cpu.h>
 #include <kernels/cpu/capability.h>
+#include <kernels/cpu/parallel.h>
 #include <kernels/tensor_lists.h>
 
 namespace kernels {

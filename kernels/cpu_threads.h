@@ -9,7 +9,8 @@
 namespace kernels {
 
 /// How many threads ran a part of the calling thread's most recent CPU kernel loop: 1 when it ran serially (one
-/// thread configured, too little work to split, or called from inside another parallel region), 0 before any.
+/// thread configured, too little work to split, or called from inside another parallel region); 0 before any loop
+/// and after an empty one. A loop whose body threw leaves the value of the loop before it.
 /// A diagnostic for tests and for checking a deployment's threading (for example that OMP_NUM_THREADS reaches the
 /// kernels); it costs one relaxed atomic add per thread per loop.
 int last_cpu_loop_threads();

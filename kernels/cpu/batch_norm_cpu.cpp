@@ -2,9 +2,8 @@
 
 #include <algorithm>
 
-#include <kernels/cpu/parallel.h>
-
 #include <kernels/cpu/converting_access.h>
+#include <kernels/cpu/parallel.h>
 
 // Compiled once per capability (see kernels/cpu/capability.h). Values are read as fp32 vectors (fp16 / bf16
 // converted exactly) and results rounded once to the tensor's dtype.

@@ -7,13 +7,13 @@
 #include <type_traits>
 #include <vector>
 
-#include <kernels/cpu/parallel.h>
 #include <ATen/cpu/vec/functional.h>  // convert_to_float / convert_from_float specializations
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <kernels/cpu/chunks.h>
+#include <kernels/cpu/parallel.h>
 
 // GCC 12 reports -Wuninitialized inside its own avx512fintrin.h when at::vec's AVX512 sqrt and maximum are
 // inlined (_mm512_undefined_ps is uninitialized by design): the false positive the build already silences

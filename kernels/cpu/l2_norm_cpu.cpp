@@ -4,13 +4,13 @@
 #include <type_traits>
 #include <vector>
 
-#include <kernels/cpu/parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <kernels/cpu/chunks.h>
+#include <kernels/cpu/parallel.h>
 
 // Compiled once per capability (see kernels/cpu/capability.h).
 namespace kernels::cpu::CPU_CAPABILITY {

@@ -1,12 +1,12 @@
 #include <kernels/cpu/multi_tensor_scale_cpu.h>
 
-#include <kernels/cpu/parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <kernels/cpu/chunks.h>
+#include <kernels/cpu/parallel.h>
 
 // Compiled once per capability (see kernels/cpu/capability.h): everything here lives in
 // kernels::cpu::CPU_CAPABILITY, matching at::vec's own inline namespace.

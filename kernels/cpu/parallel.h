@@ -16,7 +16,8 @@
 #include <ATen/Parallel.h>
 
 #if AT_PARALLEL_OPENMP && !defined(_OPENMP)
-#error "kernels/cpu/parallel.h: LibTorch parallelizes with OpenMP (AT_PARALLEL_OPENMP), but this translation unit is not compiled with OpenMP, so at::parallel_for would run every loop on one thread. Compile it as part of amp_kernels (which adds the flag) or with lta_use_openmp (cmake/LibtorchAmpOpenMP.cmake)."
+#error \
+    "kernels/cpu/parallel.h: LibTorch parallelizes with OpenMP (AT_PARALLEL_OPENMP), but this translation unit is not compiled with OpenMP, so at::parallel_for would run every loop on one thread. Compile it as part of amp_kernels (which adds the flag) or with lta_use_openmp (cmake/LibtorchAmpOpenMP.cmake)."
 #endif
 
 #include <kernels/cpu_threads.h>
@@ -34,7 +35,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const Fn& fn) {
     parts.fetch_add(1, std::memory_order_relaxed);
     fn(first, last);
   });
-  detail::record_cpu_loop_threads(parts.load(std::memory_order_relaxed));
+  ::kernels::detail::record_cpu_loop_threads(parts.load(std::memory_order_relaxed));
 }
 
 }  // namespace kernels::cpu

@@ -2,11 +2,10 @@
 
 #include <vector>
 
-#include <kernels/cpu/parallel.h>
-
 #include <kernels/cpu/chunks.h>
 #include <kernels/cpu/converting_access.h>
 #include <kernels/cpu/nonfinite.h>
+#include <kernels/cpu/parallel.h>
 
 // Compiled once per capability (see kernels/cpu/capability.h).
 namespace kernels::cpu::CPU_CAPABILITY {

@@ -2,7 +2,6 @@
 
 #include <type_traits>
 
-#include <kernels/cpu/parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -10,6 +9,7 @@
 
 #include <kernels/cpu/chunks.h>
 #include <kernels/cpu/nonfinite.h>
+#include <kernels/cpu/parallel.h>
 
 // Compiled once per capability (see kernels/cpu/capability.h).
 namespace kernels::cpu::CPU_CAPABILITY {

@@ -5,13 +5,13 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
-#include <kernels/cpu/parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
+#include <kernels/cpu/parallel.h>
 #include <kernels/device_call.h>
 #include <kernels/gemm/fp8_rule.h>
 #include <kernels/tensor_lists.h>
@@ -85,26 +85,26 @@ uint32_t cast_transpose_cpu(const In* x, Out* q, Out* qt, int64_t rows, int64_t 
   std::atomic<uint32_t> key{0};
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   ::kernels::cpu::parallel_for(0, row_tiles, std::max<int64_t>(1, kGrain / (kTile * std::max<int64_t>(cols, 1))),
-                   [&](int64_t first, int64_t last) {
-                     uint32_t local = 0;
-                     for (int64_t tile = first; tile < last; ++tile) {
-                       const int64_t r0 = tile * kTile, r1 = std::min(rows, r0 + kTile);
-                       for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-                         const int64_t c1 = std::min(cols, c0 + kTile);
-                         for (int64_t r = r0; r < r1; ++r) {
-                           for (int64_t c = c0; c < c1; ++c) {
-                             const float v = static_cast<float>(x[r * cols + c]);
-                             const uint32_t k = fp8_amax_key(v);
-                             if (k > local) local = k;
-                             const Out o(fp8_saturate(v * scale, fp8_max));
-                             if (q != nullptr) q[r * cols + c] = o;
-                             if (qt != nullptr) qt[c * padded_rows + r] = o;
-                           }
-                         }
-                       }
-                     }
-                     raise_amax(key, local);
-                   });
+                               [&](int64_t first, int64_t last) {
+                                 uint32_t local = 0;
+                                 for (int64_t tile = first; tile < last; ++tile) {
+                                   const int64_t r0 = tile * kTile, r1 = std::min(rows, r0 + kTile);
+                                   for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+                                     const int64_t c1 = std::min(cols, c0 + kTile);
+                                     for (int64_t r = r0; r < r1; ++r) {
+                                       for (int64_t c = c0; c < c1; ++c) {
+                                         const float v = static_cast<float>(x[r * cols + c]);
+                                         const uint32_t k = fp8_amax_key(v);
+                                         if (k > local) local = k;
+                                         const Out o(fp8_saturate(v * scale, fp8_max));
+                                         if (q != nullptr) q[r * cols + c] = o;
+                                         if (qt != nullptr) qt[c * padded_rows + r] = o;
+                                       }
+                                     }
+                                   }
+                                 }
+                                 raise_amax(key, local);
+                               });
   return key.load();
 }
 
