@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <regex>
 #include <set>
@@ -33,7 +34,13 @@ using TensorVector = std::vector<torch::Tensor>;
 // Several 64 Ki-element chunks per tensor (so loops split inside tensors as well as between them), vector-loop
 // tails, and 16 chunks in all (6 + 1 + 3 + 1 + 5): at 2 and 3 threads every thread gets a part.
 const std::vector<int64_t> kSizes = {5 * 65536 + 7, 17, 3 * 65536, 1000, 4 * 65536 + 1};
-constexpr int64_t kChunksOfTheLists = 16;
+
+/// The 64 Ki-element chunks the kernels cut kSizes into (kernels/cpu/chunks.h): 16.
+int64_t chunks_of_the_lists() {
+  int64_t chunks = 0;
+  for (int64_t n : kSizes) chunks += (n + 65535) / 65536;
+  return chunks;
+}
 
 /// How many parts ATen's OpenMP at::parallel_for (ATen/ParallelOpenMP.h) makes of `n` items of grain 1 on `threads`
 /// threads: parts of ceil(n / threads) items, a thread whose part would start past the end running none. So 16
@@ -55,6 +62,27 @@ TensorVector clones(const TensorVector& list) {
   TensorVector out;
   for (const auto& t : list) out.push_back(t.clone());
   return out;
+}
+
+/// What a fused optimizer step keeps beside the parameters: fp32 masters (when asked for) and step counts.
+struct StepState {
+  TensorVector masters;
+  TensorVector steps;
+};
+
+StepState step_state(const TensorVector& params, bool masters, float step) {
+  StepState state;
+  for (const auto& p : params) {
+    if (masters) state.masters.push_back(p.to(torch::kFloat));
+    state.steps.push_back(torch::full({1}, step));
+  }
+  return state;
+}
+
+/// params followed by every list of `lists`, in order: all a step wrote.
+TensorVector concat(TensorVector params, std::initializer_list<const TensorVector*> lists) {
+  for (const TensorVector* list : lists) params.insert(params.end(), list->begin(), list->end());
+  return params;
 }
 
 /// One kernel run from fresh inputs: what it wrote and returned.
@@ -145,41 +173,23 @@ std::vector<Case> every_kernel() {
                TensorVector exp_avg_sqs;
                for (const auto& t : make_list(torch::kFloat, 11)) exp_avg_sqs.push_back(t.abs());
                TensorVector max_sqs = amsgrad ? clones(exp_avg_sqs) : TensorVector{};
-               TensorVector master;
-               if (masters) {
-                 for (const auto& p : params) master.push_back(p.to(torch::kFloat));
-               }
-               TensorVector steps;
-               for (size_t i = 0; i < params.size(); ++i) steps.push_back(torch::full({1}, 3.0f));
+               StepState state = step_state(params, masters, 3.0f);
                kernels::fused_adam_step_(
-                   params, grads, exp_avgs, exp_avg_sqs, max_sqs, master, steps, scalar(1e-2f),
+                   params, grads, exp_avgs, exp_avg_sqs, max_sqs, state.masters, state.steps, scalar(1e-2f),
                    kernels::AdamStepOptions().weight_decay(0.01).decoupled_weight_decay(adamw).amsgrad(amsgrad),
                    scalar(0.5f));
-               TensorVector out = params;
-               for (const auto* list : {&exp_avgs, &exp_avg_sqs, &max_sqs, &master, &steps}) {
-                 out.insert(out.end(), list->begin(), list->end());
-               }
-               return out;
+               return concat(params, {&exp_avgs, &exp_avg_sqs, &max_sqs, &state.masters, &state.steps});
              }});
       }
       cases.push_back({"fused SGD momentum nesterov " + d + m, [dtype, masters] {
                          TensorVector params = make_list(dtype, 12);
                          const TensorVector grads = make_list(dtype, 13);
-                         TensorVector buffers = clones(make_list(torch::kFloat, 14));
-                         TensorVector master;
-                         if (masters) {
-                           for (const auto& p : params) master.push_back(p.to(torch::kFloat));
-                         }
-                         TensorVector steps;
-                         for (size_t i = 0; i < params.size(); ++i) steps.push_back(torch::full({1}, 2.0f));
+                         TensorVector buffers = make_list(torch::kFloat, 14);
+                         StepState state = step_state(params, masters, 2.0f);
                          kernels::fused_sgd_step_(
-                             params, grads, buffers, master, steps, scalar(0.05f),
+                             params, grads, buffers, state.masters, state.steps, scalar(0.05f),
                              kernels::SgdStepOptions().momentum(0.9).nesterov(true).weight_decay(1e-4));
-                         TensorVector out = params;
-                         for (const auto* list : {&buffers, &master, &steps}) {
-                           out.insert(out.end(), list->begin(), list->end());
-                         }
-                         return out;
+                         return concat(params, {&buffers, &state.masters, &state.steps});
                        }});
     }
     // SyncBatchNorm's CPU passes, each a case of its own (the thread check sees a case's last loop): statistics
@@ -277,6 +287,7 @@ TEST_F(CpuThreadsTest, SetNumThreadsGovernsTheKernels) {
     at::set_num_threads(threads);
     scale.run();
     EXPECT_EQ(kernels::last_cpu_loop_threads(), threads) << "at::set_num_threads(" << threads << ")";
+    EXPECT_EQ(parts_of(chunks_of_the_lists(), threads), threads);  // 16 chunks: every thread gets a part
   }
 }
 
@@ -289,7 +300,7 @@ TEST_F(CpuThreadsTest, TheKernelsStartWithAtensThreadCount) {
     EXPECT_LE(at::get_num_threads(), std::atoi(env)) << "OMP_NUM_THREADS=" << env;
   }
   every_kernel().front().run();
-  EXPECT_EQ(kernels::last_cpu_loop_threads(), parts_of(kChunksOfTheLists, at::get_num_threads()))
+  EXPECT_EQ(kernels::last_cpu_loop_threads(), parts_of(chunks_of_the_lists(), at::get_num_threads()))
       << "at::get_num_threads() = " << at::get_num_threads();
 }
 
