@@ -6,7 +6,7 @@
 // at::parallel_for is inline (ATen/Parallel-inl.h): where LibTorch was built for OpenMP (AT_PARALLEL_OPENMP), it
 // spreads the work only in a translation unit compiled with OpenMP (_OPENMP defined) and silently runs the whole
 // range on the calling thread otherwise. The build compiles the kernels library with OpenMP
-// (cmake/LibtorchAmpOpenMP.cmake); the check below makes a translation unit that lost the flag fail to compile
+// (cmake/LibtorchAmpThreads.cmake); the check below makes a translation unit that lost the flag fail to compile
 // instead of running serially.
 
 #include <atomic>
@@ -17,7 +17,7 @@
 
 #if AT_PARALLEL_OPENMP && !defined(_OPENMP)
 #error \
-    "kernels/cpu/parallel.h: LibTorch parallelizes with OpenMP (AT_PARALLEL_OPENMP), but this translation unit is not compiled with OpenMP, so at::parallel_for would run every loop on one thread. Compile it as part of amp_kernels (which adds the flag) or with lta_use_openmp (cmake/LibtorchAmpOpenMP.cmake)."
+    "kernels/cpu/parallel.h: LibTorch parallelizes with OpenMP (AT_PARALLEL_OPENMP), but this translation unit is not compiled with OpenMP, so at::parallel_for would run every loop on one thread. Compile it as part of amp_kernels (which adds the flag) or with lta_use_openmp (cmake/LibtorchAmpThreads.cmake)."
 #endif
 
 #include <kernels/cpu_threads.h>
