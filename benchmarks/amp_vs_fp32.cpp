@@ -44,7 +44,7 @@
 #include "common/command_line.h"
 #include "common/device_scopes.h"
 #include "common/peer_bundle.h"
-#include "common/run_observer.h"
+#include <run/observer.h>
 #include "common/timing.h"
 #include "common/torch_amp_peer.h"
 #include "common/trainers.h"
@@ -548,14 +548,14 @@ int main(int argc, char** argv) {
     const int64_t warmup = flags.warmup >= 0 ? flags.warmup : (flags.full ? 10 : 3);
     const std::string report_path = flags.report.empty() ? flags.out_dir + "/amp_vs_fp32.html" : flags.report;
     // Checked before the runs, not after them.
-    examples::ObserveFlags observe;
+    run::ObserveOptions observe;
     observe.report = flags.report;
     observe.metrics = flags.metrics;
     if (flags.metrics_every && flags.metrics.empty()) {
       throw std::invalid_argument("--metrics-every needs --metrics (what it paces)");
     }
     observe.metrics_every = flags.metrics_every;
-    examples::check_observe_flags(observe);
+    run::check_observe_options(observe);
     bench::RunContext context = make_context(device, flags.full);
     fmt::print("AMP vs FP32 on {} ({} mode), {}\nmachine: {} | torch {}\n", context.device, context.mode, context.date,
                context.machine, context.torch_version);
@@ -580,7 +580,7 @@ int main(int argc, char** argv) {
     amp::write_file_atomically(report_path, bench::report_html(context, results));
     if (!flags.metrics.empty())
       bench::write_metrics_lines(flags.metrics, results,
-                                 flags.metrics_every.value_or(examples::kDefaultMetricsEverySteps));
+                                 flags.metrics_every.value_or(run::kDefaultMetricsEverySteps));
     fmt::print("\nresults: {0}/amp_vs_fp32.json, {0}/amp_vs_fp32.csv; {1}; report: {2}{3}\n\n{4}\n", flags.out_dir,
                plot, report_path, flags.metrics.empty() ? "" : "; metrics: " + flags.metrics, kLegend);
     fmt::print("{}", bench::format_table(results));

@@ -26,6 +26,7 @@
 
 #include <amp/io/atomic_file.h>
 #include <fmt/format.h>
+#include <run/sampler.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
@@ -132,24 +133,20 @@ std::pair<std::vector<std::string>, std::string> write_bundle(const Flags& flags
                                 {"test_labels", data.test.labels}};
   const bench::NamedTensors weights = bench::module_state(*net);
   for (const auto& [name, tensor] : weights) bundle.emplace_back("weights/" + name, tensor);
-  const auto n = static_cast<size_t>(data.train.images.size(0));
   std::vector<std::string> batch_digests;
   for (int rank = 0; rank < flags.nproc; ++rank) {
     std::vector<at::Tensor> batches;
+    // The examples' sampler: this rank's shard of each epoch, in batches.
+    run::DistributedSampler sampler(data.train.images.size(0), c.batch_size, rank, flags.nproc);
     for (int epoch = 1; epoch <= c.epochs; ++epoch) {
-      // examples::train_epoch's sampler, constructed and advanced the same way.
-      torch::data::samplers::DistributedRandomSampler sampler(n, static_cast<size_t>(flags.nproc),
-                                                              static_cast<size_t>(rank));
-      sampler.set_epoch(static_cast<size_t>(epoch));
-      sampler.reset();
-      const std::vector<size_t> shard = sampler.next(n).value_or(std::vector<size_t>{});
-      const auto order = torch::tensor(std::vector<int64_t>(shard.begin(), shard.end()), torch::kInt64);
-      bundle.emplace_back(fmt::format("order/e{}/r{}", epoch, rank), order);
-      for (int64_t begin = 0; begin < order.numel(); begin += c.batch_size) {
-        const auto idx = order.slice(0, begin, std::min(order.numel(), begin + c.batch_size));
-        batches.push_back(data.train.images.index_select(0, idx));
-        batches.push_back(data.train.labels.index_select(0, idx));
+      sampler.set_epoch(epoch);
+      std::vector<at::Tensor> order;
+      while (const auto idx = sampler.next()) {
+        order.push_back(*idx);
+        batches.push_back(data.train.images.index_select(0, *idx));
+        batches.push_back(data.train.labels.index_select(0, *idx));
       }
+      bundle.emplace_back(fmt::format("order/e{}/r{}", epoch, rank), torch::cat(order));
     }
     batch_digests.push_back(bench::byte_digest(batches));
   }

@@ -91,23 +91,24 @@ int main(int argc, char** argv) {
                                            {fmt::format("--metrics (every {} steps)", metrics_every), true, false},
                                            {"--metrics --report --timeline", true, true}};
     std::vector<std::vector<double>> step_ms(settings.size());  // [setting][round]
-    const int64_t steps = examples::steps_per_epoch(samples, batch, rank.world_size, false);
+    const int64_t steps = run::DistributedSampler::batches_per_epoch(samples, batch, rank.world_size,
+                                                                     run::DistributedSampler::Order::kPerRank);
     for (int round = 0; round < rounds; ++round) {
       for (size_t k = 0; k < settings.size(); ++k) {
         const size_t s = (k + static_cast<size_t>(round)) % settings.size();
         const examples::CommonFlags flags = flags_of(settings[s]);
         examples::Loop loop;
-        loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
+        loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
           sgd.zero_grad();
           auto loss = torch::cross_entropy_loss(ddp ? ddp->forward(images) : net->forward(images), labels);
-          phases.end(examples::Phase::kForward);
+          phases.end(run::Phase::kForward);
           loss.backward();
-          phases.end(examples::Phase::kBackward);
+          phases.end(run::Phase::kBackward);
           sgd.step();
-          phases.end(examples::Phase::kOptimizer);
+          phases.end(run::Phase::kOptimizer);
           return loss;
         };
-        loop.observed = {"bench_observability_overhead", [&] { return examples::step_values(sgd); },
+        loop.observed = {"bench_observability_overhead", [&] { return run::step_values(sgd); },
                          group ? &*group : nullptr, ddp ? &*ddp : nullptr};
         if (group) group->barrier();
         const auto began = std::chrono::steady_clock::now();
@@ -119,18 +120,18 @@ int main(int argc, char** argv) {
     // The recording alone: what the observer adds to each step, without the training around it.
     std::vector<double> observer_us(settings.size(), 0.0);
     for (size_t s = 1; s < settings.size(); ++s) {
-      const examples::ObservedRun observed{"bench_observability_overhead", [&] { return examples::step_values(sgd); },
-                                           group ? &*group : nullptr, ddp ? &*ddp : nullptr};
-      examples::RunObserver observer(flags_of(settings[s]).observe, rank.rank, rank.world_size, torch::kCPU, observed,
-                                     1, observer_steps);
+      const run::ObservedRun observed{"bench_observability_overhead", [&] { return run::step_values(sgd); },
+                                      group ? &*group : nullptr, ddp ? &*ddp : nullptr};
+      run::RunObserver observer(flags_of(settings[s]).observe, rank.rank, rank.world_size, torch::kCPU, observed, 1,
+                                observer_steps);
       if (group) group->barrier();
       const auto began = std::chrono::steady_clock::now();
       for (int64_t step = 1; step <= observer_steps; ++step) {
-        examples::StepPhases phases = observer.begin_step(step);
+        run::StepPhases phases = observer.begin_step(step);
         phases.begin();
-        phases.end(examples::Phase::kForward);
-        phases.end(examples::Phase::kBackward);
-        phases.end(examples::Phase::kOptimizer);
+        phases.end(run::Phase::kForward);
+        phases.end(run::Phase::kBackward);
+        phases.end(run::Phase::kOptimizer);
         phases.finish();
         observer.end_step(step, 1, 1.0, phases, batch * rank.world_size);
       }

@@ -1,10 +1,10 @@
-# `cmake --install` puts headers, the three libraries and libtorch_ampConfig.cmake under the prefix, so another
-# project can `find_package(libtorch_amp)` and link libtorch_amp::amp.
+# `cmake --install` puts headers, the four libraries and libtorch_ampConfig.cmake under the prefix, so another
+# project can `find_package(libtorch_amp)` and link libtorch_amp::amp (and libtorch_amp::run, above it).
 include(CMakePackageConfigHelpers)
-install(TARGETS amp_kernels ddp amp EXPORT libtorch_ampTargets
+install(TARGETS amp_kernels ddp amp run EXPORT libtorch_ampTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-foreach(layer kernels ddp amp)
+foreach(layer kernels ddp amp run)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${layer}
           FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE PATTERN "cpu" EXCLUDE)
 endforeach()

@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
     auto& optimizer = initialized.optimizer;
     const auto zero_stage = static_cast<amp::ZeroStage>(amp_flags.zero);
     const bool zero = zero_stage != amp::ZeroStage::kNone;
-    std::optional<examples::RunState> saved;  // the run state travels in the amp checkpoint as an extra
-    if (!flags.resume.empty() && !zero) {     // model + optimizer + amp (ZeRO: after attach, below)
+    std::optional<run::RunState> saved;    // the run state travels in the amp checkpoint as an extra
+    if (!flags.resume.empty() && !zero) {  // model + optimizer + amp (ZeRO: after attach, below)
       saved = examples::load_amp_checkpoint(flags.resume, model, optimizer);
     }
     // Data and --resume are read before joining the group: a bad file is this rank's own one-line error.
@@ -129,33 +129,33 @@ int main(int argc, char** argv) {
       header_line = examples::run_header_line(flags, data, header);
       if (rank.rank == 0) fmt::print("{}\n", header_line);  // the first line, before a resume's "resuming at ..."
     }
-    examples::TrainingPosition position;
+    run::TrainingPosition position;
     if (!flags.resume.empty()) {
       position = examples::resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
     }
 
-    const auto save = [&](const examples::TrainingPosition& at) {
+    const auto save = [&](const run::TrainingPosition& at) {
       const auto run = examples::capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order());
       examples::write_checkpoint(flags, at, rank, [&](const std::string& path) {
         examples::save_amp_checkpoint(path, model, optimizer, run, /*announce=*/rank.rank == 0);
       });
     };
     examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
       optimizer.zero_grad();
       auto out = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, images);
       auto l = torch::cross_entropy_loss(out, labels);
-      phases.end(examples::Phase::kForward);
+      phases.end(run::Phase::kForward);
       {
         auto scaled = amp::scale_loss(l, optimizer);
         scaled.backward();  // DDP averages the scaled gradients; amp unscales and checks each bucket
       }
-      phases.end(examples::Phase::kBackward);
+      phases.end(run::Phase::kBackward);
       optimizer.step();  // skipped on the device when a gradient overflowed
-      phases.end(examples::Phase::kOptimizer);
+      phases.end(run::Phase::kOptimizer);
       return l;
     };
-    loop.observed = {header_line, [&] { return examples::step_values(*inner, &optimizer); }, &group, &ddp};
+    loop.observed = {header_line, [&] { return run::step_values(*inner, &optimizer); }, &group, &ddp};
     loop.save = save;
     loop.save_on_every_rank = zero;  // ZeRO: the masters and optimizer state are gathered from every rank
     loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {

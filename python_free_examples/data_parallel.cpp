@@ -71,14 +71,14 @@ int main(int argc, char** argv) {
           amp::initialize(net, sgd, amp::Options().opt_level(amp::parse_opt_level(opt_level)).half_dtype(half)));
     }
     // The run state (position, generator) travels in amp checkpoints as an extra, in plain ones as a part.
-    std::optional<examples::RunState> saved;
+    std::optional<run::RunState> saved;
     if (!flags.resume.empty() && mixed) {
       saved = examples::load_amp_checkpoint(flags.resume, mixed->model, mixed->optimizer);
     } else if (!flags.resume.empty()) {
       saved = examples::load_checkpoint(flags.resume, *net, sgd);
     }
     const int64_t train_samples = data.train.images.size(0);
-    examples::TrainingPosition position;
+    run::TrainingPosition position;
     if (!flags.resume.empty()) {
       position = examples::resume_position(flags.resume, saved, flags, 1, train_samples, examples::Rank{});
     }
@@ -90,30 +90,30 @@ int main(int argc, char** argv) {
     };
 
     examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
       auto out = forward(images);
       auto l = torch::cross_entropy_loss(out, labels.to(out.device()));
-      phases.end(examples::Phase::kForward);
+      phases.end(run::Phase::kForward);
       if (mixed) {
         mixed->optimizer.zero_grad();
         {
           auto scaled = amp::scale_loss(l, mixed->optimizer);
           scaled.backward();  // replicas' gradients flow back into the module
         }
-        phases.end(examples::Phase::kBackward);
+        phases.end(run::Phase::kBackward);
         mixed->optimizer.step();
       } else {
         sgd.zero_grad();
         l.backward();  // gradients of all replicas flow back into the module
-        phases.end(examples::Phase::kBackward);
+        phases.end(run::Phase::kBackward);
         sgd.step();
       }
-      phases.end(examples::Phase::kOptimizer);
+      phases.end(run::Phase::kOptimizer);
       return l;
     };
     loop.observed.description = header_line;
-    loop.observed.values = [&] { return examples::step_values(sgd, mixed ? &mixed->optimizer : nullptr); };
-    loop.save = [&](const examples::TrainingPosition& at) {
+    loop.observed.values = [&] { return run::step_values(sgd, mixed ? &mixed->optimizer : nullptr); };
+    loop.save = [&](const run::TrainingPosition& at) {
       const auto run = examples::capture_run_state(flags, 1, train_samples, at);
       examples::write_checkpoint(flags, at, examples::Rank{}, [&](const std::string& path) {
         if (mixed) {

@@ -30,30 +30,30 @@ int main(int argc, char** argv) {
     torch::optim::SGD optimizer(model->parameters(),
                                 torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));
     const int64_t train_samples = data.train.images.size(0);
-    examples::TrainingPosition position;
+    run::TrainingPosition position;
     if (!flags.resume.empty()) {
       const auto saved = examples::load_checkpoint(flags.resume, *model, optimizer);
       position = examples::resume_position(flags.resume, saved, flags, 1, train_samples, examples::Rank{});
     }
     auto forward = [&](const torch::Tensor& images) { return model->forward(images); };
-    auto save = [&](const examples::TrainingPosition& at) {
+    auto save = [&](const run::TrainingPosition& at) {
       examples::write_checkpoint(flags, at, examples::Rank{}, [&](const std::string& path) {
         examples::save_checkpoint(path, *model, optimizer, examples::capture_run_state(flags, 1, train_samples, at));
       });
     };
     examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases& phases) {
+    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
       optimizer.zero_grad();
       auto l = torch::cross_entropy_loss(forward(images), labels);
-      phases.end(examples::Phase::kForward);
+      phases.end(run::Phase::kForward);
       l.backward();
-      phases.end(examples::Phase::kBackward);
+      phases.end(run::Phase::kBackward);
       optimizer.step();
-      phases.end(examples::Phase::kOptimizer);
+      phases.end(run::Phase::kOptimizer);
       return l;
     };
     loop.observed.description = header_line;
-    loop.observed.values = [&] { return examples::step_values(optimizer); };
+    loop.observed.values = [&] { return run::step_values(optimizer); };
     loop.save = save;
     loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
       return examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,

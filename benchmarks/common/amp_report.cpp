@@ -13,7 +13,7 @@
 #include <ddp/json_text.h>
 #include <fmt/format.h>
 
-#include "common/report.h"
+#include <run/report.h>
 
 namespace bench {
 namespace {
@@ -236,8 +236,8 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
   for (const auto& run : runs) {
     if (!run.ok()) {
       rows += fmt::format("<tr><td>{}</td><td>{}</td><td colspan=\"8\">skipped: {}</td></tr>\n",
-                          examples::html_escape(run.model), examples::html_escape(run.config),
-                          examples::html_escape(run.error));
+                          run::html_escape(run.model), run::html_escape(run.config),
+                          run::html_escape(run.error));
       continue;
     }
     const RunRatios r = ratios_of(run, runs);
@@ -246,15 +246,15 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
     rows += fmt::format(
         "<tr><td>{}</td><td>{}</td><td>{:.1f}</td><td>{}</td><td>{:.2f}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td></tr>\n",
-        examples::html_escape(run.model), examples::html_escape(run.config), run.samples_per_s, ratio_text(r.vs_fp32),
+        run::html_escape(run.model), run::html_escape(run.config), run.samples_per_s, ratio_text(r.vs_fp32),
         run.step_ms, or_dash(run.final_loss, "{:.4f}"), or_dash(accuracy_percent, "{:.2f}"),
         or_dash(as_double(run.skipped_steps), "{:.0f}"), or_dash(run.final_scale, "{:g}"), ratio_text(r.vs_torch_amp));
   }
   std::string body = fmt::format("<h1>AMP vs FP32</h1>\n<p>{} ({} mode), {} | {} | torch {}</p>\n",
-                                 examples::html_escape(context.device), examples::html_escape(context.mode),
-                                 examples::html_escape(context.date), examples::html_escape(context.machine),
-                                 examples::html_escape(context.torch_version));
-  for (const std::string& task : context.task_descriptions) body += "<p>" + examples::html_escape(task) + "</p>\n";
+                                 run::html_escape(context.device), run::html_escape(context.mode),
+                                 run::html_escape(context.date), run::html_escape(context.machine),
+                                 run::html_escape(context.torch_version));
+  for (const std::string& task : context.task_descriptions) body += "<p>" + run::html_escape(task) + "</p>\n";
   body +=
       "<h2>Summary</h2>\n<table id=\"summary\">\n<tr><th>model</th><th>config</th><th>samples/s</th><th>x FP32</th>"
       "<th>step ms</th><th>final loss</th><th>accuracy %</th><th>skipped</th><th>scale</th><th>x "
@@ -265,7 +265,7 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
     if (run.ok() && std::find(models.begin(), models.end(), run.model) == models.end()) models.push_back(run.model);
   }
   for (const std::string& model : models) {
-    std::vector<examples::ChartSeries> curves;
+    std::vector<run::ChartSeries> curves;
     std::vector<std::pair<std::string, double>> throughput;
     for (const auto& run : runs) {
       if (!run.ok() || run.model != model) continue;
@@ -275,15 +275,15 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
         for (size_t s = 0; s < run.losses.size(); ++s) curves.back().points.emplace_back(s + 1, run.losses[s]);
       }
     }
-    const std::string name = examples::html_escape(model);
+    const std::string name = run::html_escape(model);
     body += fmt::format(
         "<h2>{0}</h2>\n<figure>\n{1}<figcaption>Training loss per step, every run on the same weights and batches"
         "</figcaption>\n</figure>\n<figure>\n{2}<figcaption>Throughput (samples/s, higher is better; the loss scale "
         "and skipped steps of each run are in the table)</figcaption>\n</figure>\n",
-        name, examples::line_chart_svg("fig-loss-" + model, "loss", curves),
-        examples::bar_chart_svg("fig-throughput-" + model, "samples/s", throughput));
+        name, run::line_chart_svg("fig-loss-" + model, "loss", curves),
+        run::bar_chart_svg("fig-throughput-" + model, "samples/s", throughput));
   }
-  return examples::html_page("AMP vs FP32", body);
+  return run::html_page("AMP vs FP32", body);
 }
 
 void write_metrics_lines(const std::string& path, const std::vector<RunResult>& runs, int64_t every_steps) {

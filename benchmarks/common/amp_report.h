@@ -56,7 +56,7 @@ void write_json_and_csv(const std::string& dir, const RunContext& context, const
 /// happened (written, or why not: no gnuplot, gnuplot failed).
 std::string write_plot(const std::string& dir, const RunContext& context, const std::vector<RunResult>& runs);
 
-/// The run's HTML report (examples::html_page: self-contained, summary table id="summary" with each run's loss scale
+/// The run's HTML report (run::html_page: self-contained, summary table id="summary" with each run's loss scale
 /// and skipped steps, per model a loss chart id="fig-loss-<model>" and a throughput chart
 /// id="fig-throughput-<model>"), written beside the PNG as amp_vs_fp32.html.
 std::string report_html(const RunContext& context, const std::vector<RunResult>& runs);

@@ -62,7 +62,7 @@ void train_ddp_worker(const CommonFlags& flags_given, const DdpFlags& ddp_flags,
   SmallCnn net(SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
   net->to(device);
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(kSgdMomentum));
-  std::optional<RunState> saved;
+  std::optional<run::RunState> saved;
   if (!flags.resume.empty()) saved = load_checkpoint(flags.resume, *net, optimizer);
 
   if (device.is_cuda()) init.cuda_device(device.index());
@@ -86,31 +86,31 @@ void train_ddp_worker(const CommonFlags& flags_given, const DdpFlags& ddp_flags,
     if (rank.rank == 0) fmt::print("{}\n", header_line);
   }
   const int64_t train_samples = data.train.images.size(0);
-  TrainingPosition position;
+  run::TrainingPosition position;
   if (!flags.resume.empty()) {
     position = resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
   }
   ddp::DistributedDataParallel ddp(net, group);
   if (saved) ddp.restore_gradient_order(saved->ddp_gradient_order);  // the saved run's bucket layout (collective)
 
-  const auto save = [&](const TrainingPosition& at) {
+  const auto save = [&](const run::TrainingPosition& at) {
     write_checkpoint(flags, at, rank, [&](const std::string& path) {
       save_checkpoint(path, *net, optimizer,
                       capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order()));
     });
   };
   Loop loop;
-  loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, StepPhases& phases) {
+  loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
     optimizer.zero_grad();
     auto l = torch::cross_entropy_loss(ddp.forward(images), labels);
-    phases.end(Phase::kForward);
+    phases.end(run::Phase::kForward);
     l.backward();  // returns with gradients averaged over the ranks
-    phases.end(Phase::kBackward);
+    phases.end(run::Phase::kBackward);
     optimizer.step();
-    phases.end(Phase::kOptimizer);
+    phases.end(run::Phase::kOptimizer);
     return l;
   };
-  loop.observed = {header_line, [&] { return step_values(optimizer); }, &group, &ddp};
+  loop.observed = {header_line, [&] { return run::step_values(optimizer); }, &group, &ddp};
   loop.save = save;
   // Rank 0 alone evaluates, on the module itself: ddp.forward() is collective.
   loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
@@ -119,7 +119,7 @@ void train_ddp_worker(const CommonFlags& flags_given, const DdpFlags& ddp_flags,
                               test_accuracy(
                                   *net, [&](const torch::Tensor& x) { return net->forward(x); }, data.test, device));
   };
-  const TrainingPosition end = train_epochs(flags, data.train, device, rank, position, loop);
+  const run::TrainingPosition end = train_epochs(flags, data.train, device, rank, position, loop);
   check_replicas_if_asked(ddp_flags, *net, group);
   if (rank.rank == 0 && final_save_needed(flags, position, end)) save(end);
   group.barrier();  // nobody leaves (and tears the group down) while rank 0 is still evaluating or saving

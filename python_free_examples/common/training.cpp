@@ -7,12 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <vector>
-
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <amp/io/archive_error.h>
 #include <amp/io/atomic_file.h>
@@ -164,7 +160,7 @@ void check_common_flags(const CommonFlags& flags) {
     }
   }
   if (flags.stop_after_steps) require_positive("--stop-after-steps", *flags.stop_after_steps);
-  check_observe_flags(flags.observe);
+  run::check_observe_options(flags.observe);
   struct stat info {};
   if (!flags.resume.empty()) {
     if (::stat(flags.resume.c_str(), &info) != 0) {
@@ -172,7 +168,7 @@ void check_common_flags(const CommonFlags& flags) {
     }
     if (!S_ISREG(info.st_mode)) throw std::invalid_argument(fmt::format("--resume '{}': not a file", flags.resume));
   }
-  check_output_path("--save", flags.save);  // checked now, not after an hour of training
+  run::check_output_path("--save", flags.save);  // checked now, not after an hour of training
 }
 
 Data load_data(const CommonFlags& flags) {
@@ -218,143 +214,9 @@ torch::Device pick_device(const std::string& name, int local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
-                   const Rank& rank, const StepFn& step, Progress& progress, int64_t first_batch,
-                   const AfterStepFn& after_step, bool global_order, RunObserver* observer, int64_t observer_step) {
-  const auto n = static_cast<size_t>(train.images.size(0));
-  // Global order: the one-replica shuffle of every sample, each step's job batch cut into the ranks' parts.
-  torch::data::samplers::DistributedRandomSampler sampler(n, global_order ? 1 : static_cast<size_t>(rank.world_size),
-                                                          global_order ? 0 : static_cast<size_t>(rank.rank));
-  sampler.set_epoch(static_cast<size_t>(epoch));
-  sampler.reset();
-  const std::vector<size_t> shard = sampler.next(n).value_or(std::vector<size_t>{});
-  std::vector<int64_t> shard64(shard.begin(), shard.end());
-  auto order = torch::tensor(shard64, torch::kInt64);
-  if (global_order) {
-    const int64_t job_batch = batch_size * rank.world_size;
-    const int64_t steps = static_cast<int64_t>(n) / job_batch;  // a last part-batch is left out
-    order = order.slice(0, 0, steps * job_batch)
-                .view({steps, rank.world_size, batch_size})
-                .select(1, rank.rank)
-                .reshape({-1});  // this rank's parts, step after step
-  }
-  const auto local = order.numel();
-  const int64_t steps = (local + batch_size - 1) / batch_size;
-
-  const auto start = Progress::Clock::now();
-  const int64_t first = std::clamp<int64_t>(first_batch, 0, steps);
-  if (rank.rank == 0) progress.begin_epoch(epoch, epochs, steps, first, start);
-  double loss_sum = 0.0;
-  int64_t ran = 0;  // batches run by this call
-  for (int64_t s = first; s < steps; ++s) {
-    auto idx = order.slice(0, s * batch_size, std::min(local, (s + 1) * batch_size));
-    auto images = train.images.index_select(0, idx).to(device, /*non_blocking=*/true);
-    auto labels = train.labels.index_select(0, idx).to(device, /*non_blocking=*/true);
-    const int64_t run_step = observer_step + ran + 1;
-    StepPhases phases = observer != nullptr ? observer->begin_step(run_step) : StepPhases();
-    phases.begin();
-    const double loss = step(images, labels, phases).item<double>();  // the progress line needs it; one sync per step
-    phases.finish();
-    if (observer != nullptr) observer->end_step(run_step, epoch, loss, phases, idx.numel() * rank.world_size);
-    loss_sum += loss;
-    ++ran;
-    const bool go_on = !after_step || after_step(s + 1, steps);
-    if (rank.rank == 0) {
-      const auto now = Progress::Clock::now();
-      const double seconds = std::chrono::duration<double>(now - start).count();
-      const auto seen =
-          static_cast<double>((std::min(local, (s + 1) * batch_size) - first * batch_size) * rank.world_size);
-      // "mean loss": the running mean of rank 0's step losses in this epoch (since the resume, in a resumed epoch).
-      progress.step_done(s + 1, loss_sum / static_cast<double>(ran), seen / seconds, now, !go_on);
-    }
-    if (!go_on) break;
-  }
-  if (rank.rank == 0) progress.end_epoch();
-  return ran > 0 ? loss_sum / static_cast<double>(ran) : 0.0;
-}
-
-int64_t steps_per_epoch(int64_t train_samples, int64_t batch_size, int64_t world_size, bool global_order) {
-  if (global_order) return train_samples / (batch_size * world_size);
-  const int64_t local = (train_samples + world_size - 1) / world_size;  // the sampler pads every rank's shard alike
-  return (local + batch_size - 1) / batch_size;
-}
-
-namespace {
-
-constexpr int64_t kRunStateVersion = 1;
-
-int64_t read_int(torch::serialize::InputArchive& archive, const char* key) {
-  torch::Tensor value;
-  if (!archive.try_read(key, value) || value.numel() != 1 || value.scalar_type() != torch::kInt64) {
-    throw std::runtime_error(fmt::format("its run state has no valid '{}'", key));
-  }
-  return value.item<int64_t>();
-}
-
-void write_run_state(torch::serialize::OutputArchive& archive, const RunState& state) {
-  int64_t seed_bits = 0;
-  std::memcpy(&seed_bits, &state.seed, sizeof seed_bits);  // uint64 stored in int64, bit for bit
-  const std::pair<const char*, int64_t> values[] = {{"version", kRunStateVersion},
-                                                    {"epoch", state.position.epoch},
-                                                    {"batches_done", state.position.batches_done},
-                                                    {"steps", state.position.steps},
-                                                    {"seed", seed_bits},
-                                                    {"batch_size", state.batch_size},
-                                                    {"global_batch_size", state.global_batch_size},
-                                                    {"world_size", state.world_size},
-                                                    {"train_samples", state.train_samples}};
-  for (const auto& [key, value] : values) archive.write(key, torch::tensor({value}, torch::kInt64));
-  archive.write("cpu_generator_state", state.cpu_generator_state);
-  archive.write("ddp_gradient_order",
-                torch::tensor(c10::ArrayRef<int64_t>(state.ddp_gradient_order), torch::kInt64).view({-1}));
-}
-
-RunState read_run_state(torch::serialize::InputArchive& archive) {
-  RunState state;
-  const int64_t version = read_int(archive, "version");
-  if (version != kRunStateVersion) {
-    throw std::runtime_error(
-        fmt::format("its run state has version {}; this build reads {}", version, kRunStateVersion));
-  }
-  state.position.epoch = read_int(archive, "epoch");
-  state.position.batches_done = read_int(archive, "batches_done");
-  state.position.steps = read_int(archive, "steps");
-  const int64_t seed_bits = read_int(archive, "seed");
-  std::memcpy(&state.seed, &seed_bits, sizeof seed_bits);
-  state.batch_size = read_int(archive, "batch_size");
-  state.world_size = read_int(archive, "world_size");
-  state.train_samples = read_int(archive, "train_samples");
-  torch::Tensor global_batch;  // absent in files written before it was recorded: split by processes
-  if (archive.try_read("global_batch_size", global_batch)) {
-    state.global_batch_size = read_int(archive, "global_batch_size");
-  }
-  if (state.position.epoch < 1 || state.position.batches_done < 0 || state.position.steps < 0 || state.batch_size < 1 ||
-      state.world_size < 1 || state.train_samples < 0 || state.global_batch_size < 0) {
-    throw std::runtime_error(fmt::format(
-        "its run state is malformed (epoch {}, batches done {}, steps {}, batch size {}, world size {}, samples {})",
-        state.position.epoch, state.position.batches_done, state.position.steps, state.batch_size, state.world_size,
-        state.train_samples));
-  }
-  if (!archive.try_read("cpu_generator_state", state.cpu_generator_state) ||
-      state.cpu_generator_state.scalar_type() != torch::kByte) {
-    throw std::runtime_error("its run state has no valid 'cpu_generator_state'");
-  }
-  torch::Tensor order;  // absent in files written before it was recorded: the layout is then rebuilt as usual
-  if (archive.try_read("ddp_gradient_order", order)) {
-    if (order.scalar_type() != torch::kInt64 || order.dim() != 1) {
-      throw std::runtime_error("its run state has no valid 'ddp_gradient_order'");
-    }
-    order = order.contiguous();
-    state.ddp_gradient_order.assign(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + order.numel());
-  }
-  return state;
-}
-
-}  // namespace
-
-RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t train_samples,
-                           const TrainingPosition& position, std::vector<int64_t> ddp_gradient_order) {
-  RunState state;
+run::RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t train_samples,
+                                const run::TrainingPosition& position, std::vector<int64_t> ddp_gradient_order) {
+  run::RunState state;
   state.ddp_gradient_order = std::move(ddp_gradient_order);
   state.position = position;
   state.seed = flags.seed;
@@ -362,33 +224,13 @@ RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t
   state.global_batch_size = flags.global_batch_size.value_or(0);
   state.world_size = world_size;
   state.train_samples = train_samples;
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  state.cpu_generator_state = generator.get_state();
+  state.cpu_generator_state = run::cpu_generator_state();
   return state;
 }
 
-std::string encode_run_state(const RunState& state) {
-  torch::serialize::OutputArchive archive;
-  write_run_state(archive, state);
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  return bytes.str();
-}
-
-RunState decode_run_state(const std::string& bytes) {
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(bytes.data(), bytes.size());
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(std::string("its run state cannot be read (") + e.what_without_backtrace() + ")");
-  }
-  return read_run_state(archive);
-}
-
-TrainingPosition resume_position(const std::string& path, const std::optional<RunState>& saved,
-                                 const CommonFlags& flags, int64_t world_size, int64_t train_samples,
-                                 const Rank& rank) {
+run::TrainingPosition resume_position(const std::string& path, const std::optional<run::RunState>& saved,
+                                      const CommonFlags& flags, int64_t world_size, int64_t train_samples,
+                                      const Rank& rank) {
   if (!saved) {
     if (rank.rank == 0) {
       fmt::print(
@@ -436,12 +278,9 @@ TrainingPosition resume_position(const std::string& path, const std::optional<Ru
                     saved->train_samples, train_samples));
   }
   try {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(saved->cpu_generator_state);
-  } catch (const c10::Error& e) {
-    throw std::invalid_argument(fmt::format("--resume '{}': its CPU generator state does not load: {}", path,
-                                            one_line(e.what_without_backtrace())));
+    run::restore_cpu_generator(saved->cpu_generator_state);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(fmt::format("--resume '{}': {}", path, one_line(e.what())));
   }
   if (rank.rank == 0) {
     fmt::print("resuming at epoch {}, batch {} of it (step {} of the run)\n", saved->position.epoch,
@@ -450,8 +289,8 @@ TrainingPosition resume_position(const std::string& path, const std::optional<Ru
   return saved->position;
 }
 
-TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
-                              const Rank& rank, TrainingPosition position, const Loop& loop) {
+run::TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
+                                   const Rank& rank, run::TrainingPosition position, const Loop& loop) {
   if (position.epoch > flags.epochs && rank.rank == 0) {
     fmt::print("the run is past epoch {} already (--epochs {}): nothing left to train\n", position.epoch - 1,
                flags.epochs);
@@ -461,50 +300,55 @@ TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train,
     throw std::invalid_argument(fmt::format("--global-batch-size {} is more than the {} training samples",
                                             *flags.global_batch_size, train.images.size(0)));
   }
-  int64_t steps_here = 0;
-  bool stop = false;
-  Progress progress(progress_style(flags.quiet, stdout), flags.progress_every);
+  run::DistributedSampler sampler(
+      train.images.size(0), batch, rank.rank, rank.world_size,
+      flags.global_batch_size ? run::DistributedSampler::Order::kGlobal : run::DistributedSampler::Order::kPerRank);
   // The run's last step: every rank computes the same, so the observer's windows and logged steps pair up.
-  const bool global_order = flags.global_batch_size.has_value();
-  const int64_t epoch_steps = steps_per_epoch(train.images.size(0), batch, rank.world_size, global_order);
+  const int64_t epoch_steps = sampler.batches_per_epoch();
   int64_t last_step = position.steps + std::max<int64_t>(0, flags.epochs - position.epoch + 1) * epoch_steps -
                       (position.epoch <= flags.epochs ? position.batches_done : 0);
   if (flags.stop_after_steps) last_step = std::min(last_step, position.steps + *flags.stop_after_steps);
-  ObserveFlags observe = flags.observe;
-  observe.resumed = !flags.resume.empty();
-  RunObserver observer(observe, rank.rank, rank.world_size, device, loop.observed, position.steps + 1, last_step);
+  run::MonitorOptions watch;
+  watch.progress = run::progress_style(flags.quiet, stdout);
+  watch.progress_every_seconds = flags.progress_every;
+  watch.epochs = flags.epochs;
+  watch.observe = flags.observe;
+  watch.observe.resumed = !flags.resume.empty();
+  watch.first_step = position.steps + 1;
+  watch.last_step = last_step;
+  run::Monitor monitor(watch, rank.rank, rank.world_size, device, loop.observed);
+  int64_t steps_here = 0;
+  bool stop = false;
   while (position.epoch <= flags.epochs && !stop) {
     const int64_t epoch = position.epoch;
-    const auto epoch_began = std::chrono::steady_clock::now();
-    const double loss = train_epoch(
-        train, static_cast<int>(epoch), flags.epochs, batch, device, rank, loop.step, progress, position.batches_done,
-        [&](int64_t batches_done, int64_t batches_in_epoch) {
-          ++position.steps;
-          ++steps_here;
-          position.batches_done = batches_done;
-          if (batches_done >= batches_in_epoch) position = {epoch + 1, 0, position.steps};
-          if ((rank.rank == 0 || loop.save_on_every_rank) && flags.save_every &&
-              position.steps % *flags.save_every == 0) {
-            if (rank.rank == 0) progress.interrupt();  // the save's line below the progress line
-            loop.save(position);
-          }
-          stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;
-          return !stop;
-        },
-        global_order, &observer, position.steps);
+    sampler.set_epoch(epoch, std::clamp<int64_t>(position.batches_done, 0, epoch_steps));
+    monitor.begin_epoch(epoch, epoch_steps, sampler.batches_done());
+    while (const auto indices = sampler.next()) {
+      auto images = train.images.index_select(0, *indices).to(device, /*non_blocking=*/true);
+      auto labels = train.labels.index_select(0, *indices).to(device, /*non_blocking=*/true);
+      run::StepPhases& phases = monitor.begin_step();
+      const double loss = loop.step(images, labels, phases).item<double>();  // the progress line needs it: one sync
+      ++position.steps;
+      ++steps_here;
+      position.batches_done = sampler.batches_done();
+      stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;
+      monitor.step(loss, indices->numel() * rank.world_size, /*last=*/stop);
+      if (position.batches_done >= epoch_steps) position = {epoch + 1, 0, position.steps};
+      if ((rank.rank == 0 || loop.save_on_every_rank) && flags.save_every && position.steps % *flags.save_every == 0) {
+        monitor.interrupt();  // the save's line below the progress line
+        loop.save(position);
+      }
+      if (stop) break;
+    }
     if (!stop && position.epoch == epoch) position = {epoch + 1, 0, position.steps};  // an epoch without batches
     if (position.epoch > epoch) {
-      EpochRecord record;
-      record.epoch = epoch;
-      record.step = position.steps;
-      record.mean_loss = loss;
-      const auto trained = std::chrono::steady_clock::now();
-      record.seconds = std::chrono::duration<double>(trained - epoch_began).count();
-      if (loop.end_epoch) record.test_accuracy = loop.end_epoch(epoch, loss);
-      observer.end_epoch(record, std::chrono::duration<double>(std::chrono::steady_clock::now() - trained).count());
+      const double loss = monitor.epoch_trained();
+      monitor.end_epoch(loop.end_epoch ? loop.end_epoch(epoch, loss) : std::nullopt);
+    } else {
+      monitor.epoch_trained();  // stopped inside the epoch: ends its progress line
     }
   }
-  observer.finish();
+  monitor.finish();
   if (stop && rank.rank == 0) {
     fmt::print("stopped after {} step(s) (--stop-after-steps), at epoch {}, batch {} of it (step {} of the run)\n",
                steps_here, position.epoch, position.batches_done, position.steps);
@@ -533,18 +377,7 @@ double print_epoch_result(int epoch, int epochs, double mean_loss, double accura
   return accuracy;
 }
 
-StepValues step_values(torch::optim::Optimizer& optimizer, amp::Optimizer* amp_optimizer) {
-  StepValues values;
-  if (!optimizer.param_groups().empty()) values.lr = optimizer.param_groups().front().options().get_lr();
-  if (amp_optimizer != nullptr) {
-    const amp::ScalerDiagnostics diagnostics = amp_optimizer->scaler().diagnostics_now();
-    values.loss_scale = diagnostics.scale;
-    values.skipped_steps = diagnostics.skipped_steps;
-  }
-  return values;
-}
-
-bool final_save_needed(const CommonFlags& flags, const TrainingPosition& start, const TrainingPosition& end) {
+bool final_save_needed(const CommonFlags& flags, const run::TrainingPosition& start, const run::TrainingPosition& end) {
   const bool saved_by_save_every = flags.save_every && end.steps > start.steps && end.steps % *flags.save_every == 0;
   return (!flags.save.empty() || !flags.checkpoint_dir.empty()) && !saved_by_save_every;
 }
@@ -562,7 +395,7 @@ void resume_from_checkpoint_dir(CommonFlags& flags, const Rank& rank,
   }
 }
 
-void write_checkpoint(const CommonFlags& flags, const TrainingPosition& at, const Rank& rank,
+void write_checkpoint(const CommonFlags& flags, const run::TrainingPosition& at, const Rank& rank,
                       const std::function<void(const std::string& path)>& write) {
   const ddp::ProgressPause pause("a checkpoint save");  // not timed by the launcher's hang detection
   if (flags.checkpoint_dir.empty()) {
@@ -578,11 +411,11 @@ void write_checkpoint(const CommonFlags& flags, const TrainingPosition& at, cons
 }
 
 void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                     const RunState& run) {
+                     const run::RunState& state) {
   torch::serialize::OutputArchive archive, model_archive, optimizer_archive, run_archive;
   module.save(model_archive);
   optimizer.save(optimizer_archive);
-  write_run_state(run_archive, run);
+  run::write_run_state(run_archive, state);
   archive.write("model", model_archive);
   archive.write("optimizer", optimizer_archive);
   archive.write("run_state", run_archive);
@@ -590,9 +423,9 @@ void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::
   fmt::print("saved model, optimizer and training position to {}\n", path);
 }
 
-std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
-                                        torch::optim::Optimizer& optimizer) {
-  std::optional<RunState> run;
+std::optional<run::RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
+                                             torch::optim::Optimizer& optimizer) {
+  std::optional<run::RunState> state;
   load_resume_checkpoint(path, [&] {
     torch::serialize::InputArchive archive, model_archive, optimizer_archive;
     try {
@@ -608,11 +441,11 @@ std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Modu
       }
     }
     torch::serialize::InputArchive run_archive;
-    if (archive.try_read("run_state", run_archive)) run = read_run_state(run_archive);  // absent in older files
+    if (archive.try_read("run_state", run_archive)) state = run::read_run_state(run_archive);  // absent in older files
     module.load(model_archive);
     optimizer.load(optimizer_archive);
   });
-  return run;
+  return state;
 }
 
 void load_resume_checkpoint(const std::string& path, const std::function<void()>& load) {

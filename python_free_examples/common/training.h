@@ -12,14 +12,14 @@
 #include <amp/amp.h>
 #include <amp/io/checkpoint_dir.h>
 #include <fmt/format.h>
+#include <run/monitor.h>
+#include <run/run_state.h>
+#include <run/sampler.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
 #include "common/command_line.h"
 #include "common/fashion_mnist.h"
-#include "common/metrics.h"
-#include "common/progress.h"
-#include "common/run_observer.h"
 
 namespace examples {
 
@@ -47,10 +47,10 @@ struct CommonFlags {
   std::optional<int64_t> save_every;        // also write --save every K optimizer steps of the run (rank 0)
   std::string checkpoint_dir;               // amp::CheckpointDir: saves by step, resumes from the newest readable
   int64_t keep_last = 3;                    // checkpoints --checkpoint-dir keeps
-  bool quiet = false;                       // no progress line (Progress, ProgressStyle::kQuiet)
+  bool quiet = false;                       // no progress line (run::Progress, run::ProgressStyle::kQuiet)
   double progress_every = 10.0;             // seconds between progress lines when stdout is not a terminal
   std::optional<int64_t> stop_after_steps;  // for testing resumption: stop after S steps of this process
-  ObserveFlags observe;                     // --metrics, --report, --timeline (docs/observability.md)
+  run::ObserveOptions observe;              // --metrics, --report, --timeline (docs/observability.md)
 };
 
 /// Registers CommonFlags on `app`, and makes --help show the default of these and of every option added after
@@ -60,8 +60,8 @@ void add_common_flags(CLI::App& app, CommonFlags& flags);
 
 /// Checks what CLI11 cannot say well: --epochs and --batch-size positive, --lr positive and finite, --limit-train
 /// and --progress-every not negative, --save-every and --stop-after-steps positive when given, --save-every only with
-/// --save, --resume an existing file, --save's folder existing, and check_observe_flags. Throws std::invalid_argument
-/// naming the flag and its value. Called before anything is loaded or written.
+/// --save, --resume an existing file, --save's folder existing, and run::check_observe_options. Throws
+/// std::invalid_argument naming the flag and its value. Called before anything is loaded or written.
 void check_common_flags(const CommonFlags& flags);
 
 /// Each process's batch: --batch-size, or --global-batch-size / world_size. Throws std::invalid_argument naming
@@ -110,10 +110,10 @@ amp::Options amp_options(const std::string& opt_level, c10::ScalarType half_dtyp
 torch::Device pick_device(const std::string& name, int local_rank = 0);
 
 /// One training step on a batch already on the device: zero the gradients, forward, backward, optimizer step,
-/// marking the end of each on `phases` (phases.end(Phase::kForward) once the loss is computed, kBackward after
+/// marking the end of each on `phases` (phases.end(run::Phase::kForward) once the loss is computed, kBackward after
 /// backward, kOptimizer after the step). Returns the loss (any device, one element).
 using StepFn =
-    std::function<torch::Tensor(const torch::Tensor& images, const torch::Tensor& labels, StepPhases& phases)>;
+    std::function<torch::Tensor(const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases)>;
 
 /// Where this process stands in the job: its shard of each epoch and whether it prints.
 struct Rank {
@@ -121,82 +121,28 @@ struct Rank {
   int world_size = 1;
 };
 
-/// Called after each step with the batches of the epoch done so far and the epoch's number of batches; returns
-/// false to end the epoch there.
-using AfterStepFn = std::function<bool(int64_t batches_done, int64_t batches_in_epoch)>;
-
-/// Runs one epoch over this rank's shard of `train` (torch::data::samplers::DistributedRandomSampler with
-/// set_epoch(epoch), so every rank shuffles alike and the shards are disjoint), in batches of `batch_size`
-/// moved to `device`, starting at batch `first_batch` of the epoch's order (the batches before it were done by the
-/// run a --resume continues). With `global_order`, the epoch's order is instead one shuffle of all samples (the
-/// sampler's with one replica), step s takes its samples [s * B, (s + 1) * B) for the job's batch B = batch_size x
-/// world size, rank r the r-th part of them, and a last part-batch is left out: the same samples per step on any
-/// number of processes. Rank 0 shows its progress on `progress` (the mean loss, the job's samples/s over all
-/// ranks, the ETA). With an `observer`, the run's steps are numbered from `observer_step` + 1 and each is reported
-/// to it (RunObserver::begin_step / end_step). Returns the mean loss of the batches this call ran.
-double train_epoch(const ImageSplit& train, int epoch, int epochs, int64_t batch_size, const torch::Device& device,
-                   const Rank& rank, const StepFn& step, Progress& progress, int64_t first_batch = 0,
-                   const AfterStepFn& after_step = {}, bool global_order = false, RunObserver* observer = nullptr,
-                   int64_t observer_step = 0);
-
-/// The number of steps of one epoch of `train_samples` samples in batches of `batch_size` per process on
-/// `world_size` processes (with `global_order` a last part-batch of the job is left out), as train_epoch takes them.
-int64_t steps_per_epoch(int64_t train_samples, int64_t batch_size, int64_t world_size, bool global_order);
-
-/// Where a run stands, recorded in every checkpoint so that a resumed run continues exactly where the saved one
-/// stood (docs/examples.md, "Resuming").
-struct TrainingPosition {
-  int64_t epoch = 1;         // the epoch in progress (1-based)
-  int64_t batches_done = 0;  // of that epoch, in its shuffled order; always below the epoch's number of batches
-  int64_t steps = 0;         // optimizer steps since the run began, over every resume (--save-every counts these)
-};
-
-/// What a checkpoint records beside model and optimizer: the position, what fixes the data order (checked on
-/// resume: --seed, --batch-size or --global-batch-size, the number of processes unless --global-batch-size, and the
-/// number of training samples), and torch's default CPU
-/// generator.
-struct RunState {
-  TrainingPosition position;
-  uint64_t seed = 0;
-  int64_t batch_size = 0;
-  int64_t global_batch_size = 0;  // --global-batch-size; 0: the run split its data by processes (--batch-size)
-  int64_t world_size = 1;
-  int64_t train_samples = 0;
-  torch::Tensor cpu_generator_state;  // uint8, torch's default CPU generator (at::Generator::get_state)
-  /// ddp::DistributedDataParallel::gradient_order() on rank 0 (its bucket layout), restored on resume so that the
-  /// allreduce adds in the same order (with more than 2 ranks that decides the last bits); empty for a run
-  /// without DDP or saved before DDP knew an order.
-  std::vector<int64_t> ddp_gradient_order;
-};
-
 /// The state of a run of `flags` on `world_size` processes over `train_samples` samples, now at `position`, with
 /// the default CPU generator as it is now and DDP's `ddp_gradient_order` (empty without DDP).
-RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t train_samples,
-                           const TrainingPosition& position, std::vector<int64_t> ddp_gradient_order = {});
-
-/// RunState as bytes (a torch archive) and back: what amp_ddp keeps as an amp::CheckpointExtras entry. decode
-/// throws std::runtime_error naming what is missing or malformed.
-std::string encode_run_state(const RunState& state);
-RunState decode_run_state(const std::string& bytes);
-/// The name of that entry in amp checkpoints.
-constexpr const char* kRunStateExtra = "examples_run_state";
+run::RunState capture_run_state(const CommonFlags& flags, int64_t world_size, int64_t train_samples,
+                                const run::TrainingPosition& position, std::vector<int64_t> ddp_gradient_order = {});
 
 /// Where to start after loading `saved` from the --resume checkpoint `path` (nullopt: the file, written before
 /// checkpoints recorded it, has no run state, and training starts at epoch 1). Throws std::invalid_argument
 /// "--resume 'path': ..." naming the flag when the run would not continue the saved one: another --seed,
 /// --batch-size or --global-batch-size, number of processes (allowed with --global-batch-size: rank 0 says so) or
 /// number of training samples. Restores the default CPU generator, and rank 0 prints where training continues.
-TrainingPosition resume_position(const std::string& path, const std::optional<RunState>& saved,
-                                 const CommonFlags& flags, int64_t world_size, int64_t train_samples, const Rank& rank);
+run::TrainingPosition resume_position(const std::string& path, const std::optional<run::RunState>& saved,
+                                      const CommonFlags& flags, int64_t world_size, int64_t train_samples,
+                                      const Rank& rank);
 
 /// The example's part of a training run: the step, saving and evaluation.
 struct Loop {
   StepFn step;
   /// What --metrics and --report read beyond the loss (the run's header line, lr, loss scale, the process group
-  /// and DDP): see ObservedRun.
-  ObservedRun observed;
+  /// and DDP): see run::ObservedRun.
+  run::ObservedRun observed;
   /// Writes --save with the run at `position` (called on rank 0 only, or on every rank with save_on_every_rank).
-  std::function<void(const TrainingPosition& position)> save;
+  std::function<void(const run::TrainingPosition& position)> save;
   /// The save is collective (ZeRO: every rank gathers, rank 0 writes): call it on every rank.
   bool save_on_every_rank = false;
   /// After each whole epoch: its number and the mean loss of this process's batches of it. Returns the test
@@ -206,16 +152,16 @@ struct Loop {
 
 /// Trains from `position` to the end of epoch --epochs with train_epoch, calling `loop.save` on rank 0 every
 /// --save-every steps of the run. Stops early after --stop-after-steps steps of this process (the run is then
-/// mid-way, as if interrupted). Records the run as --metrics, --report and --timeline ask (RunObserver; rank 0
+/// mid-way, as if interrupted). Records the run as --metrics, --report and --timeline ask (run::RunObserver; rank 0
 /// writes the files; collective on logged steps). Returns the position reached; the caller writes the final
 /// --save with it.
-TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
-                              const Rank& rank, TrainingPosition position, const Loop& loop);
+run::TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
+                                   const Rank& rank, run::TrainingPosition position, const Loop& loop);
 
 /// Whether the run that went from `start` to `end` (train_epochs) must still write --save (or into --checkpoint-dir):
 /// one was given, and no
 /// --save-every save wrote `end` already (a run stopped by --stop-after-steps on a multiple of --save-every).
-bool final_save_needed(const CommonFlags& flags, const TrainingPosition& start, const TrainingPosition& end);
+bool final_save_needed(const CommonFlags& flags, const run::TrainingPosition& start, const run::TrainingPosition& end);
 
 /// --checkpoint-dir (docs/examples.md, "Restarting without a person"): when given, sets `flags.resume` to the newest
 /// checkpoint in the folder that passes `check` (amp::CheckpointDir::load_newest: amp::check_archive_readable for
@@ -228,17 +174,13 @@ void resume_from_checkpoint_dir(CommonFlags& flags, const Rank& rank,
 /// Writes the checkpoint of the run at `at` with `write(path)`: to --save, or with --checkpoint-dir to its file for
 /// the step, the folder then pruned to --keep-last (on rank 0; the other ranks only call `write`, for a collective
 /// save). Call it on every rank that takes part in the save.
-void write_checkpoint(const CommonFlags& flags, const TrainingPosition& at, const Rank& rank,
+void write_checkpoint(const CommonFlags& flags, const run::TrainingPosition& at, const Rank& rank,
                       const std::function<void(const std::string& path)>& write);
 
 /// Fraction of `split` that `forward` classifies correctly, in eval mode on `module` (restored to train mode
 /// after). Local: no collectives.
 double test_accuracy(torch::nn::Module& module, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                      const ImageSplit& split, const torch::Device& device);
-
-/// What --metrics logs beside the loss for a run that steps `optimizer` (the learning rate of its first parameter
-/// group) and, with amp, `amp_optimizer`'s loss scale and skipped steps (read with a host sync: logged steps only).
-StepValues step_values(torch::optim::Optimizer& optimizer, amp::Optimizer* amp_optimizer = nullptr);
 
 /// Prints "epoch E/N: ... test accuracy X%" (rank 0's line after its progress line).
 /// Returns `accuracy`, for Loop::end_epoch.
@@ -247,35 +189,35 @@ double print_epoch_result(int epoch, int epochs, double mean_loss, double accura
 /// Saves `module`, `optimizer` (a plain torch::optim optimizer) and `run` to one file, atomically
 /// (amp::save_archive_atomically): a writer stopped at any point leaves the previous file whole.
 void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                     const RunState& run);
+                     const run::RunState& state);
 /// Loads what save_checkpoint wrote and returns its run state (nullopt for a file written before checkpoints held
 /// one). A file that is not such a checkpoint (random bytes, truncated, another model) throws
 /// std::invalid_argument "--resume 'path': ..." with the reason's first line (a damaged zip: "cannot read it as a
 /// checkpoint: damaged or truncated zip archive (failed finding central directory)", amp::short_archive_error).
-std::optional<RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
-                                        torch::optim::Optimizer& optimizer);
+std::optional<run::RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
+                                             torch::optim::Optimizer& optimizer);
 
-/// amp::save_checkpoint of `model` and `optimizer` with `run` as its extra kRunStateExtra (one file, atomically),
+/// amp::save_checkpoint of `model` and `optimizer` with `run` as its extra run::kRunStateExtra (one file, atomically),
 /// and a line saying so.
 template <typename ModuleHolder>
 void save_amp_checkpoint(const std::string& path, const amp::Model<ModuleHolder>& model, amp::Optimizer& optimizer,
-                         const RunState& run, bool announce = true) {
-  amp::save_checkpoint(path, model, optimizer, {{kRunStateExtra, encode_run_state(run)}});
+                         const run::RunState& state, bool announce = true) {
+  amp::save_checkpoint(path, model, optimizer, {{run::kRunStateExtra, run::encode_run_state(state)}});
   if (announce) fmt::print("saved model, optimizer, amp state and training position to {}\n", path);
 }
 /// amp::load_checkpoint of the --resume file `path` into `model` and `optimizer`, errors as one line naming --resume
 /// (load_resume_checkpoint). Returns the run state (nullopt for a file saved without one).
 template <typename ModuleHolder>
-std::optional<RunState> load_amp_checkpoint(const std::string& path, amp::Model<ModuleHolder>& model,
-                                            amp::Optimizer& optimizer) {
-  std::optional<RunState> run;
+std::optional<run::RunState> load_amp_checkpoint(const std::string& path, amp::Model<ModuleHolder>& model,
+                                                 amp::Optimizer& optimizer) {
+  std::optional<run::RunState> state;
   load_resume_checkpoint(path, [&] {
     amp::CheckpointExtras extras;
     amp::load_checkpoint(path, model, optimizer, extras);
-    const auto entry = extras.find(kRunStateExtra);
-    if (entry != extras.end()) run = decode_run_state(entry->second);
+    const auto entry = extras.find(run::kRunStateExtra);
+    if (entry != extras.end()) state = run::decode_run_state(entry->second);
   });
-  return run;
+  return state;
 }
 
 /// Runs `load` (which reads the --resume checkpoint `path`) and re-throws its failure as one line naming --resume

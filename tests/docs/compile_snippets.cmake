@@ -1,6 +1,7 @@
 # ctest driver: every ```cpp block of README.md and docs/*.md must compile against the public headers, so that what the
 # documentation shows is what the library keeps. A block is compiled unless the line before its fence is
-# `<!-- snippet: no-compile: <why> -->`. Each Markdown file becomes one translation unit (docs_<name>.cpp under
+# `<!-- snippet: no-compile: <why> -->`, or `<!-- snippet: program: <file> -->` (a whole program: tests/CMakeLists.txt
+# builds and runs it). Each Markdown file becomes one translation unit (docs_<name>.cpp under
 # WORK_DIR): the #include lines of its blocks at the top, then each block as the body of a function of its own
 # namespace, with #line pointing errors at the Markdown file. Names a block takes as given (net, x, batches, ...) are
 # declared in tests/docs/snippet_context.h. Compile only (-fsyntax-only), with the flags ninja gives FLAGS_FROM (a test
@@ -42,7 +43,7 @@ foreach(doc README.md ${docs})
     if(NOT in_block AND line MATCHES "^```cpp")
       set(in_block ON)
       set(skip_block OFF)
-      if(previous MATCHES "^<!-- snippet: no-compile: .+ -->")
+      if(previous MATCHES "^<!-- snippet: (no-compile: .+|program: .+) -->")
         set(skip_block ON)
       else()
         math(EXPR doc_blocks "${doc_blocks} + 1")

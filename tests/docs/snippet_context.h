@@ -3,6 +3,8 @@
 // lines and compiles each snippet as a function body against it (compile only: nothing here is defined).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +39,15 @@ extern amp::Options same_options;
 extern amp::Model<Net> model;
 extern amp::Optimizer optimizer;
 extern std::string bytes;  // a caller's own checkpoint extra
+
+// A loop of the user's own (docs/run.md, README): its sizes, where it runs, and its own step and evaluation.
+extern int64_t dataset_size;
+extern int rank;
+extern int world_size;
+extern int64_t epochs;
+extern int64_t save_every;
+torch::Tensor train_step(const torch::Tensor& inputs, const torch::Tensor& targets);  // returns the loss
+std::optional<double> evaluate();                                                    // test accuracy, 0..1
 
 // Data parallel: made in an earlier snippet.
 extern ddp::DistributedDataParallelOptions ddp_options;

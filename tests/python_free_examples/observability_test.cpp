@@ -107,7 +107,7 @@ TEST(ObservabilityTest, SkippedStepsEqualTheStepsWhoseGradientsOverflowed) {
   int64_t step = 0;
   std::vector<int64_t> skipped_by_amp;  // after each step: the steps amp's step reports said it skipped, so far
   examples::Loop loop;
-  loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, examples::StepPhases&) {
+  loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases&) {
     ++step;
     mixed.optimizer.zero_grad();
     auto loss = torch::cross_entropy_loss(mixed.model.forward(images), labels);
@@ -122,7 +122,7 @@ TEST(ObservabilityTest, SkippedStepsEqualTheStepsWhoseGradientsOverflowed) {
     skipped_by_amp.push_back(before + (mixed.optimizer.last_step_now().skipped ? 1 : 0));
     return loss;
   };
-  loop.observed.values = [&] { return examples::step_values(sgd, &mixed.optimizer); };
+  loop.observed.values = [&] { return run::step_values(sgd, &mixed.optimizer); };
   examples::train_epochs(flags, train, torch::kCPU, examples::Rank{}, {}, loop);
 
   const auto steps = lines_of_type(example_test::read_file(flags.observe.metrics), "step");
@@ -142,7 +142,7 @@ TEST(ObservabilityTest, SkippedStepsEqualTheStepsWhoseGradientsOverflowed) {
 // takes again) are dropped, so each step appears once; a fresh run starts the file over.
 TEST(ObservabilityTest, AResumedRunDropsTheStepsItTakesAgainFromItsMetrics) {
   example_test::Scratch scratch;
-  examples::ObserveFlags flags;
+  run::ObserveOptions flags;
   flags.metrics = scratch.file("metrics.jsonl");
   flags.metrics_every = 2;
   std::string before;
@@ -152,9 +152,9 @@ TEST(ObservabilityTest, AResumedRunDropsTheStepsItTakesAgainFromItsMetrics) {
   flags.resumed = true;
   {
     // The checkpoint was at step 5: this run takes steps 6..12.
-    examples::RunObserver observer(flags, 0, 1, torch::kCPU, {}, 6, 12);
+    run::RunObserver observer(flags, 0, 1, torch::kCPU, {}, 6, 12);
     for (int64_t step = 6; step <= 12; ++step) {
-      examples::StepPhases phases = observer.begin_step(step);
+      run::StepPhases phases = observer.begin_step(step);
       phases.begin();
       phases.finish();
       observer.end_step(step, 2, 1.0, phases, 64);
@@ -165,7 +165,7 @@ TEST(ObservabilityTest, AResumedRunDropsTheStepsItTakesAgainFromItsMetrics) {
   EXPECT_EQ(steps, (std::vector<double>{2, 4, 6, 8, 10, 12}));
 
   flags.resumed = false;
-  { examples::RunObserver fresh(flags, 0, 1, torch::kCPU, {}, 1, 3); }
+  { run::RunObserver fresh(flags, 0, 1, torch::kCPU, {}, 1, 3); }
   EXPECT_EQ(example_test::read_file(flags.metrics), "") << "a fresh run starts the file over";
 }
 

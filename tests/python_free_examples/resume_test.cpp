@@ -110,7 +110,7 @@ std::vector<int64_t> steps_of(const std::vector<amp::CheckpointDir::Entry>& entr
 /// under O2) and the run state.
 struct Loaded {
   std::vector<std::pair<std::string, torch::Tensor>> values;
-  std::optional<examples::RunState> run;
+  std::optional<run::RunState> run;
 };
 
 Loaded load(const ResumingExample& example, const std::string& path) {

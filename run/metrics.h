@@ -12,7 +12,7 @@
 #include <ddp/timeline.h>
 #include <torch/types.h>
 
-namespace examples {
+namespace run {
 
 /// The parts of a training step, in the order they run.
 enum class Phase { kForward, kBackward, kOptimizer };
@@ -90,7 +90,7 @@ struct EpochRecord {
   double seconds = 0;                   // wall time of the epoch's training
 };
 
-/// What the step function's run knows beyond the loss (Loop::values): read on logged steps only, so it may sync.
+/// What the run knows beyond the loss (ObservedRun::values): read on logged steps only, so it may sync.
 struct StepValues {
   double lr = 0;
   std::optional<double> loss_scale;
@@ -103,4 +103,4 @@ struct StepValues {
 std::string metrics_json(const StepRecord& record);
 std::string metrics_json(const EpochRecord& record);
 
-}  // namespace examples
+}  // namespace run

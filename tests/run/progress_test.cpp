@@ -1,5 +1,5 @@
-// The examples' progress output fits where it goes (issue 24, item 1): one rewritten line on a terminal, plain lines
-// at an interval in a log or a pipe (never a carriage return), nothing with --quiet. The clock is the test's own.
+// run::Progress: the progress output fits where it goes (issue 24, item 1): one rewritten line on a terminal, plain
+// lines at an interval in a log or a pipe (never a carriage return), nothing with --quiet. The clock is the test's own.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -7,13 +7,13 @@
 
 #include <gtest/gtest.h>
 
-#include "common/progress.h"
-#include "python_free_examples/example_process.h"
+#include <run/progress.h>
+#include "python_free_examples/example_process.h"  // lines_of
 
 namespace {
 
-using examples::Progress;
-using examples::ProgressStyle;
+using run::Progress;
+using run::ProgressStyle;
 using std::chrono::seconds;
 
 /// What a Progress wrote to a temporary file.
@@ -132,32 +132,8 @@ TEST(ProgressTest, QuietShowsNothingAndTheStyleFollowsTheDestination) {
   run_epoch(progress, 5);
   progress.interrupt();
   EXPECT_EQ(out.text(), "");
-  EXPECT_EQ(examples::progress_style(true, out.file()), ProgressStyle::kQuiet);
-  EXPECT_EQ(examples::progress_style(false, out.file()), ProgressStyle::kLines);  // a file is not a terminal
-}
-
-// The programs themselves, their stdout a pipe: plain progress lines only, one per step with --progress-every 0,
-// and none with --quiet.
-TEST(ProgressTest, AnExampleWritingToAPipePrintsPlainLines) {
-  const std::vector<std::string> quick = {
-      LTA_EXAMPLE_TRAIN_FASHION_MNIST, "--synthetic", "--limit-train", "256", "--batch-size", "64", "--device", "cpu"};
-  std::vector<std::string> every_step = quick;
-  every_step.insert(every_step.end(), {"--progress-every", "0"});
-  const example_test::ProcessResult run = example_test::run_process(every_step);
-  ASSERT_EQ(run.exit_code(), 0) << run.describe();
-  EXPECT_EQ(run.out.find('\r'), std::string::npos) << run.out;
-  int progress_lines = 0;
-  for (const std::string& line : lines_of(run.out)) {
-    if (line.rfind("epoch 1/1 step ", 0) == 0) ++progress_lines;
-  }
-  EXPECT_EQ(progress_lines, 4) << run.out;  // 256 samples in batches of 64
-
-  std::vector<std::string> quiet = quick;
-  quiet.push_back("--quiet");
-  const example_test::ProcessResult silent = example_test::run_process(quiet);
-  ASSERT_EQ(silent.exit_code(), 0) << silent.describe();
-  EXPECT_EQ(silent.out.find(" step "), std::string::npos) << silent.out;
-  EXPECT_NE(silent.out.find("test accuracy"), std::string::npos) << silent.out;
+  EXPECT_EQ(run::progress_style(true, out.file()), ProgressStyle::kQuiet);
+  EXPECT_EQ(run::progress_style(false, out.file()), ProgressStyle::kLines);  // a file is not a terminal
 }
 
 }  // namespace

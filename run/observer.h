@@ -1,7 +1,8 @@
 #pragma once
 
-// --metrics, --report and --timeline of one training run (docs/observability.md): which steps are logged and
-// recorded, the one gather per logged step, the timeline's window, and the files rank 0 writes.
+// What one training run records (docs/observability.md): which steps are logged and recorded, the one gather per
+// logged step, the timeline's window, and the files rank 0 writes (metrics JSON lines, the HTML report, the Chrome
+// trace). The examples' --metrics, --report and --timeline flags fill ObserveOptions; run::Monitor holds one.
 
 #include <cstdint>
 #include <functional>
@@ -15,12 +16,13 @@
 #include <ddp/timeline.h>
 #include <torch/types.h>
 
-#include "common/metrics.h"
+#include <run/metrics.h>
 
-namespace examples {
+namespace run {
 
-/// What the observer needs from the flags (CommonFlags holds them; see add_common_flags).
-struct ObserveFlags {
+/// What a run records and where. The messages of check_observe_options() name the examples' flags (--metrics,
+/// --metrics-every, --report, --timeline, --timeline-steps), one per field.
+struct ObserveOptions {
   std::string metrics;                   // --metrics: JSON lines, rank 0; empty: none
   std::optional<int64_t> metrics_every;  // --metrics-every: log every this many steps of the run (default 10)
   std::string report;                    // --report: the HTML report, rank 0; empty: none
@@ -36,20 +38,21 @@ void check_output_path(const char* flag, const std::string& path);
 /// --metrics-every's default: a logged step every 10 steps.
 constexpr int64_t kDefaultMetricsEverySteps = 10;
 
-/// Checks ObserveFlags before anything runs: each file can be written (check_output_path), --metrics-every positive
+/// Checks ObserveOptions before anything runs: each file can be written (check_output_path), --metrics-every positive
 /// and only with --metrics or --report, --timeline-steps of the form A or A:B with 1 <= A <= B, at most
 /// ddp::kMaxTimelineSteps steps, and only with --report or --timeline. Throws std::invalid_argument naming the flag
 /// and its value.
-void check_observe_flags(const ObserveFlags& flags);
+void check_observe_options(const ObserveOptions& options);
 
 /// The steps of the run (1-based, counted over resumes) the timeline records: --timeline-steps, or by default 3
 /// steps after 3 of warm-up (the bucket rebuild), fitted into a short run; nullopt when neither --report nor
 /// --timeline asks for one or the run has no step left. `first_step` is the first step this run takes,
 /// `last_step` its last. Throws std::invalid_argument naming --timeline-steps when its window is not inside
 /// first_step..last_step.
-std::optional<ddp::TimelineWindow> timeline_window(const ObserveFlags& flags, int64_t first_step, int64_t last_step);
+std::optional<ddp::TimelineWindow> timeline_window(const ObserveOptions& options, int64_t first_step,
+                                                   int64_t last_step);
 
-/// The run's parts the observer reads (Loop fills them).
+/// The run's parts the observer reads.
 struct ObservedRun {
   std::string description;                      // the run's header line, for the report's configuration
   std::function<StepValues()> values;           // lr, loss scale, ...: called by rank 0 on logged steps
@@ -57,13 +60,13 @@ struct ObservedRun {
   ddp::DistributedDataParallel* ddp = nullptr;  // its buckets go into the timeline, its wait into comm_wait_ms
 };
 
-/// Watches one run of train_epochs. Every rank makes one; the logged steps and the timeline's window are the same
+/// Watches one training run. Every rank makes one; the logged steps and the timeline's window are the same
 /// on every rank (chosen by the run's step count), so the gathers pair up.
 class RunObserver {
  public:
   /// A run that takes steps `first_step`..`last_step` on `device`. Opens --metrics on rank 0 (appending when the run
   /// resumes) and attaches the timeline to `run.ddp`. Throws as timeline_window does.
-  RunObserver(const ObserveFlags& flags, int rank, int world_size, const torch::Device& device, ObservedRun run,
+  RunObserver(const ObserveOptions& options, int rank, int world_size, const torch::Device& device, ObservedRun run,
               int64_t first_step, int64_t last_step);
   ~RunObserver();
   RunObserver(const RunObserver&) = delete;
@@ -93,7 +96,7 @@ class RunObserver {
   void open_metrics(int64_t first_step);
   void gather_window();
 
-  ObserveFlags flags_;
+  ObserveOptions options_;
   int rank_;
   int world_size_;
   torch::Device device_;
@@ -112,4 +115,4 @@ class RunObserver {
   int64_t samples_since_logged_ = 0;
 };
 
-}  // namespace examples
+}  // namespace run

@@ -10,9 +10,9 @@
 
 #include <ddp/timeline.h>
 
-#include "common/metrics.h"
+#include <run/metrics.h>
 
-namespace examples {
+namespace run {
 
 /// What the report shows.
 struct RunReport {
@@ -72,4 +72,4 @@ std::string html_page(const std::string& title, const std::string& body);
 /// `text` with &, <, >, " escaped for HTML.
 std::string html_escape(const std::string& text);
 
-}  // namespace examples
+}  // namespace run

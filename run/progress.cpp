@@ -1,4 +1,4 @@
-#include "progress.h"
+#include <run/progress.h>
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 
 #include <unistd.h>
 
-namespace examples {
+namespace run {
 namespace {
 
 constexpr int kBarWidth = 30;
@@ -81,4 +81,4 @@ void Progress::interrupt() {
 
 void Progress::end_epoch() { interrupt(); }
 
-}  // namespace examples
+}  // namespace run

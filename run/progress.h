@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 
-namespace examples {
+namespace run {
 
 /// How a training loop shows its progress (issue 24, item 1), chosen by where the output goes.
 enum class ProgressStyle {
@@ -58,4 +58,4 @@ class Progress {
   size_t open_line_width_ = 0;  // characters of the terminal line being rewritten; 0: none open
 };
 
-}  // namespace examples
+}  // namespace run

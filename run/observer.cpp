@@ -1,4 +1,4 @@
-#include "common/run_observer.h"
+#include <run/observer.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,9 +14,9 @@
 #include <amp/io/atomic_file.h>
 #include <fmt/format.h>
 
-#include "common/report.h"
+#include <run/report.h>
 
-namespace examples {
+namespace run {
 
 namespace {
 
@@ -59,21 +59,21 @@ void check_output_path(const char* flag, const std::string& path) {
   }
 }
 
-void check_observe_flags(const ObserveFlags& flags) {
-  check_output_path("--metrics", flags.metrics);
-  check_output_path("--report", flags.report);
-  check_output_path("--timeline", flags.timeline);
-  if (flags.metrics_every) {
-    if (*flags.metrics_every <= 0) {
+void check_observe_options(const ObserveOptions& options) {
+  check_output_path("--metrics", options.metrics);
+  check_output_path("--report", options.report);
+  check_output_path("--timeline", options.timeline);
+  if (options.metrics_every) {
+    if (*options.metrics_every <= 0) {
       throw std::invalid_argument(
-          fmt::format("--metrics-every must be a positive number of steps, got {}", *flags.metrics_every));
+          fmt::format("--metrics-every must be a positive number of steps, got {}", *options.metrics_every));
     }
-    if (flags.metrics.empty() && flags.report.empty()) {
+    if (options.metrics.empty() && options.report.empty()) {
       throw std::invalid_argument("--metrics-every needs --metrics or --report (what it paces)");
     }
   }
   const std::pair<const char*, const std::string*> outputs[] = {
-      {"--metrics", &flags.metrics}, {"--report", &flags.report}, {"--timeline", &flags.timeline}};
+      {"--metrics", &options.metrics}, {"--report", &options.report}, {"--timeline", &options.timeline}};
   for (size_t i = 0; i < 3; ++i) {
     for (size_t j = i + 1; j < 3; ++j) {
       if (!outputs[i].second->empty() && *outputs[i].second == *outputs[j].second) {
@@ -82,28 +82,29 @@ void check_observe_flags(const ObserveFlags& flags) {
       }
     }
   }
-  if (flags.timeline_steps.empty()) return;
-  const auto window = parse_window(flags.timeline_steps);
+  if (options.timeline_steps.empty()) return;
+  const auto window = parse_window(options.timeline_steps);
   if (!window) {
     throw std::invalid_argument(fmt::format(
-        "--timeline-steps '{}': give the steps of the run as A or A:B with 1 <= A <= B", flags.timeline_steps));
+        "--timeline-steps '{}': give the steps of the run as A or A:B with 1 <= A <= B", options.timeline_steps));
   }
   if (window->last_step - window->first_step >= ddp::kMaxTimelineSteps) {
     throw std::invalid_argument(fmt::format("--timeline-steps '{}': at most {} steps (a window is for a close look)",
-                                            flags.timeline_steps, ddp::kMaxTimelineSteps));
+                                            options.timeline_steps, ddp::kMaxTimelineSteps));
   }
-  if (flags.report.empty() && flags.timeline.empty()) {
+  if (options.report.empty() && options.timeline.empty()) {
     throw std::invalid_argument("--timeline-steps needs --report or --timeline (where the timeline goes)");
   }
 }
 
-std::optional<ddp::TimelineWindow> timeline_window(const ObserveFlags& flags, int64_t first_step, int64_t last_step) {
-  if (flags.report.empty() && flags.timeline.empty()) return std::nullopt;
-  if (!flags.timeline_steps.empty()) {
-    const auto window = parse_window(flags.timeline_steps);
+std::optional<ddp::TimelineWindow> timeline_window(const ObserveOptions& options, int64_t first_step,
+                                                   int64_t last_step) {
+  if (options.report.empty() && options.timeline.empty()) return std::nullopt;
+  if (!options.timeline_steps.empty()) {
+    const auto window = parse_window(options.timeline_steps);
     if (!window || window->first_step < first_step || window->last_step > last_step) {
       throw std::invalid_argument(fmt::format("--timeline-steps '{}': this run takes steps {}..{} only",
-                                              flags.timeline_steps, first_step, last_step));
+                                              options.timeline_steps, first_step, last_step));
     }
     return window;
   }
@@ -114,21 +115,21 @@ std::optional<ddp::TimelineWindow> timeline_window(const ObserveFlags& flags, in
   return ddp::TimelineWindow{first_step + skip, first_step + skip + length - 1};
 }
 
-RunObserver::RunObserver(const ObserveFlags& flags, int rank, int world_size, const torch::Device& device,
+RunObserver::RunObserver(const ObserveOptions& options, int rank, int world_size, const torch::Device& device,
                          ObservedRun run, int64_t first_step, int64_t last_step)
-    : flags_(flags),
+    : options_(options),
       rank_(rank),
       world_size_(world_size),
       device_(device),
       run_(std::move(run)),
       first_step_(first_step),
       last_step_(last_step),
-      metrics_every_(flags.metrics_every.value_or(kDefaultMetricsEverySteps)) {
-  if (const auto window = timeline_window(flags, first_step, last_step)) {
+      metrics_every_(options.metrics_every.value_or(kDefaultMetricsEverySteps)) {
+  if (const auto window = timeline_window(options, first_step, last_step)) {
     timeline_ = std::make_shared<ddp::Timeline>(*window);
     if (run_.ddp != nullptr) run_.ddp->set_timeline(timeline_);
   }
-  if (rank_ == 0 && !flags_.metrics.empty()) open_metrics(first_step);
+  if (rank_ == 0 && !options_.metrics.empty()) open_metrics(first_step);
   last_logged_ = std::chrono::steady_clock::now();
 }
 
@@ -140,26 +141,26 @@ RunObserver::~RunObserver() {
 void RunObserver::open_metrics(int64_t first_step) {
   // A resumed run continues the file; lines the interrupted run wrote after its checkpoint (steps this run takes
   // again) are dropped first, so that each step appears once. The file is rewritten atomically for that.
-  if (flags_.resumed && ::access(flags_.metrics.c_str(), F_OK) == 0) {
-    std::ifstream in(flags_.metrics);
+  if (options_.resumed && ::access(options_.metrics.c_str(), F_OK) == 0) {
+    std::ifstream in(options_.metrics);
     std::string kept, line;
     while (std::getline(in, line)) {
       const size_t at = line.find("\"step\": ");
       const long long step = at == std::string::npos ? 0 : std::atoll(line.c_str() + at + 8);
       if (step < first_step) kept += line + "\n";
     }
-    amp::write_file_atomically(flags_.metrics, kept);
+    amp::write_file_atomically(options_.metrics, kept);
   }
-  const int mode = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (flags_.resumed ? 0 : O_TRUNC);
-  metrics_fd_ = ::open(flags_.metrics.c_str(), mode, 0644);
+  const int mode = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (options_.resumed ? 0 : O_TRUNC);
+  metrics_fd_ = ::open(options_.metrics.c_str(), mode, 0644);
   if (metrics_fd_ < 0) {
     throw std::invalid_argument(
-        fmt::format("--metrics '{}': cannot write it: {}", flags_.metrics, std::strerror(errno)));
+        fmt::format("--metrics '{}': cannot write it: {}", options_.metrics, std::strerror(errno)));
   }
 }
 
 bool RunObserver::logged(int64_t step) const {
-  return (!flags_.metrics.empty() || !flags_.report.empty()) && (step % metrics_every_ == 0 || step == last_step_);
+  return (!options_.metrics.empty() || !options_.report.empty()) && (step % metrics_every_ == 0 || step == last_step_);
 }
 
 StepPhases RunObserver::begin_step(int64_t step) {
@@ -233,7 +234,7 @@ void RunObserver::write_line(const std::string& line) {
   const std::string whole = line + "\n";  // one write() per line (O_APPEND): a reader never sees half of one
   const ssize_t written = ::write(metrics_fd_, whole.data(), whole.size());
   if (written != static_cast<ssize_t>(whole.size())) {
-    throw std::runtime_error(fmt::format("--metrics '{}': writing failed: {}", flags_.metrics,
+    throw std::runtime_error(fmt::format("--metrics '{}': writing failed: {}", options_.metrics,
                                          written < 0 ? std::strerror(errno) : "short write (disk full?)"));
   }
 }
@@ -246,14 +247,14 @@ void RunObserver::gather_window() {
   } else {
     gathered_ = {mine};
   }
-  if (rank_ == 0 && !flags_.timeline.empty()) {
-    amp::write_file_atomically(flags_.timeline, ddp::chrome_trace_json(gathered_));
+  if (rank_ == 0 && !options_.timeline.empty()) {
+    amp::write_file_atomically(options_.timeline, ddp::chrome_trace_json(gathered_));
   }
 }
 
 void RunObserver::finish() {
   if (timeline_ && !gathered_window_ && timeline_->step() >= timeline_->window().first_step) gather_window();
-  if (rank_ != 0 || flags_.report.empty()) return;
+  if (rank_ != 0 || options_.report.empty()) return;
   RunReport report;
   report.description = run_.description;
   report.world_size = world_size_;
@@ -261,7 +262,7 @@ void RunObserver::finish() {
   report.steps = steps_;
   report.epochs = epochs_;
   report.timeline = gathered_;
-  amp::write_file_atomically(flags_.report, report_html(report));
+  amp::write_file_atomically(options_.report, report_html(report));
 }
 
-}  // namespace examples
+}  // namespace run

@@ -1,4 +1,4 @@
-#include "common/metrics.h"
+#include <run/metrics.h>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
@@ -6,7 +6,7 @@
 
 #include <ddp/json_text.h>
 
-namespace examples {
+namespace run {
 
 namespace {
 
@@ -93,4 +93,4 @@ std::string metrics_json(const EpochRecord& r) {
       r.epoch, r.step, ddp::json_number(r.mean_loss), ddp::json_number(r.test_accuracy), ddp::json_number(r.seconds));
 }
 
-}  // namespace examples
+}  // namespace run

@@ -1,4 +1,4 @@
-#include "common/report.h"
+#include <run/report.h>
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-namespace examples {
+namespace run {
 
 namespace {
 
@@ -451,4 +451,4 @@ std::string html_page(const std::string& title, const std::string& body) {
       html_escape(title), body);
 }
 
-}  // namespace examples
+}  // namespace run

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "common/report.h"
+#include <run/report.h>
 
 namespace {
 
@@ -21,12 +21,12 @@ ddp::TimelineEvent event(const std::string& name, const std::string& lane, doubl
   return ddp::TimelineEvent{name, lane, 4, -1, start, end};
 }
 
-examples::RunReport long_run(int64_t steps, int ranks) {
-  examples::RunReport report;
+run::RunReport long_run(int64_t steps, int ranks) {
+  run::RunReport report;
   report.description = "8 processes (gloo), a long run";
   report.world_size = ranks;
   for (int64_t s = 1; s <= steps; ++s) {
-    examples::StepRecord r;
+    run::StepRecord r;
     r.step = s * 10;
     r.epoch = 1 + s / 1000;
     r.loss = 2.0 / static_cast<double>(s);
@@ -47,7 +47,7 @@ examples::RunReport long_run(int64_t steps, int ranks) {
 }
 
 TEST(ReportTest, ALongRunStaysAFewHundredKilobytesWithEveryFigure) {
-  const std::string html = examples::report_html(long_run(/*steps=*/100000, /*ranks=*/8));  // a million steps logged
+  const std::string html = run::report_html(long_run(/*steps=*/100000, /*ranks=*/8));  // a million steps logged
   EXPECT_LT(html.size(), 400u * 1024u) << "bytes";
   for (const char* id : {"summary", "ranks", "fig-loss", "fig-accuracy", "fig-throughput", "fig-scale", "fig-skipped",
                          "fig-rank-step-time", "fig-timeline"}) {
@@ -59,52 +59,52 @@ TEST(ReportTest, ALongRunStaysAFewHundredKilobytesWithEveryFigure) {
 }
 
 TEST(ReportTest, ALongSeriesIsThinnedToTheChartsLimitAndKeepsItsLastPoint) {
-  examples::ChartSeries series{"loss", {}};
+  run::ChartSeries series{"loss", {}};
   for (int i = 1; i <= 10000; ++i) series.points.emplace_back(i, 1.0 / i);
-  const std::string svg = examples::line_chart_svg("fig-x", "loss", {series});
+  const std::string svg = run::line_chart_svg("fig-x", "loss", {series});
   const size_t path_points = count_of(svg, " L") + 1;
-  EXPECT_LE(path_points, examples::kMaxChartPoints + 1);
-  EXPECT_GE(path_points, examples::kMaxChartPoints / 2);
-  EXPECT_LE(count_of(svg, "<circle"), examples::kMaxTooltipPoints + 1);
+  EXPECT_LE(path_points, run::kMaxChartPoints + 1);
+  EXPECT_GE(path_points, run::kMaxChartPoints / 2);
+  EXPECT_LE(count_of(svg, "<circle"), run::kMaxTooltipPoints + 1);
   EXPECT_NE(svg.find("loss step 10000:"), std::string::npos) << "the last point keeps its tooltip";
 }
 
 TEST(ReportTest, AResumedRunSaysWhichStepsItCovers) {
-  examples::RunReport report;
-  EXPECT_EQ(examples::report_html(report).find("continued the run"), std::string::npos);
+  run::RunReport report;
+  EXPECT_EQ(run::report_html(report).find("continued the run"), std::string::npos);
   report.first_step = 9;
-  EXPECT_NE(examples::report_html(report).find("continued the run at step 9"), std::string::npos);
+  EXPECT_NE(run::report_html(report).find("continued the run at step 9"), std::string::npos);
 }
 
 TEST(ReportTest, StepTicksAreWholeStepsDrawnWhereThoseStepsAre) {
-  examples::ChartSeries series{"loss", {{2, 1.0}, {8, 0.5}}};
-  const std::string svg = examples::line_chart_svg("fig-x", "loss", {series});
+  run::ChartSeries series{"loss", {{2, 1.0}, {8, 0.5}}};
+  const std::string svg = run::line_chart_svg("fig-x", "loss", {series});
   // Steps 2..8: a tick at each step, each once, and step 3 drawn at step 3 (1/6 of the way).
   for (const char* tick : {">2</text>", ">3</text>", ">4</text>", ">5</text>", ">6</text>", ">7</text>", ">8</text>"}) {
     EXPECT_EQ(count_of(svg, tick), 1u) << tick << "\n" << svg;
   }
   EXPECT_NE(svg.find("<text x=\"160.0\" y=\"238\" font-size=\"11\" text-anchor=\"middle\">3</text>"), std::string::npos)
       << svg;
-  examples::ChartSeries one{"accuracy", {{16, 60.0}}};
-  const std::string single = examples::line_chart_svg("fig-y", "accuracy", {one});
+  run::ChartSeries one{"accuracy", {{16, 60.0}}};
+  const std::string single = run::line_chart_svg("fig-y", "accuracy", {one});
   EXPECT_NE(single.find("cx=\"340.0\""), std::string::npos) << "one point sits in the middle: " << single;
 }
 
 TEST(ReportTest, AxisTicksAreRoundNumbersInsideTheRange) {
   using V = std::vector<double>;
-  EXPECT_EQ(examples::axis_ticks(0.552, 1.37), (V{0.6, 0.8, 1.0, 1.2})) << "a loss: not 0.552, 0.7155, 0.8791";
-  EXPECT_EQ(examples::axis_ticks(10, 96, /*whole=*/true), (V{20, 40, 60, 80}));
-  EXPECT_EQ(examples::axis_ticks(2, 3, /*whole=*/true), (V{2, 3})) << "a count: not 2.2, 2.4";
-  EXPECT_EQ(examples::axis_ticks(0, 880.3), (V{0, 200, 400, 600, 800}));
-  EXPECT_EQ(examples::axis_ticks(-0.03, 0.07), (V{-0.02, 0, 0.02, 0.04, 0.06}));
-  EXPECT_EQ(examples::axis_ticks(368, 439.5), (V{370, 380, 390, 400, 410, 420, 430}));
-  EXPECT_EQ(examples::axis_ticks(5, 5), (V{5}));
-  EXPECT_EQ(examples::axis_ticks(1e17, 1e17 + 16), (V{1e17, 1e17 + 16})) << "a range of a few ulps: its ends";
-  EXPECT_TRUE(examples::axis_ticks(3, 2).empty());
-  EXPECT_TRUE(examples::axis_ticks(0, std::numeric_limits<double>::infinity()).empty());
+  EXPECT_EQ(run::axis_ticks(0.552, 1.37), (V{0.6, 0.8, 1.0, 1.2})) << "a loss: not 0.552, 0.7155, 0.8791";
+  EXPECT_EQ(run::axis_ticks(10, 96, /*whole=*/true), (V{20, 40, 60, 80}));
+  EXPECT_EQ(run::axis_ticks(2, 3, /*whole=*/true), (V{2, 3})) << "a count: not 2.2, 2.4";
+  EXPECT_EQ(run::axis_ticks(0, 880.3), (V{0, 200, 400, 600, 800}));
+  EXPECT_EQ(run::axis_ticks(-0.03, 0.07), (V{-0.02, 0, 0.02, 0.04, 0.06}));
+  EXPECT_EQ(run::axis_ticks(368, 439.5), (V{370, 380, 390, 400, 410, 420, 430}));
+  EXPECT_EQ(run::axis_ticks(5, 5), (V{5}));
+  EXPECT_EQ(run::axis_ticks(1e17, 1e17 + 16), (V{1e17, 1e17 + 16})) << "a range of a few ulps: its ends";
+  EXPECT_TRUE(run::axis_ticks(3, 2).empty());
+  EXPECT_TRUE(run::axis_ticks(0, std::numeric_limits<double>::infinity()).empty());
   for (double lo : {-7.3, 0.0, 0.001, 12.5, 3e6}) {
     for (double span : {1e-6, 0.37, 1.0, 9.99, 1234.5, 8e9}) {
-      const V ticks = examples::axis_ticks(lo, lo + span);
+      const V ticks = run::axis_ticks(lo, lo + span);
       EXPECT_GE(ticks.size(), 3u) << lo << " + " << span;
       EXPECT_LE(ticks.size(), 8u) << lo << " + " << span;
       for (double t : ticks) {
@@ -116,16 +116,16 @@ TEST(ReportTest, AxisTicksAreRoundNumbersInsideTheRange) {
 }
 
 TEST(ReportTest, TheSkippedStepsAxisCountsInWholeSteps) {
-  examples::RunReport report;
+  run::RunReport report;
   for (int64_t s = 1; s <= 3; ++s) {
-    examples::StepRecord r;
+    run::StepRecord r;
     r.step = s;
     r.loss = 1;
     r.loss_scale = 65536.0;
     r.skipped_steps = s < 3 ? 2 : 3;
     report.steps.push_back(r);
   }
-  const std::string html = examples::report_html(report);
+  const std::string html = run::report_html(report);
   const std::string skipped = html.substr(html.find("id=\"fig-skipped\""));
   EXPECT_EQ(skipped.find(">2.2</text>"), std::string::npos) << skipped;
   EXPECT_NE(skipped.find(">2</text>"), std::string::npos) << skipped;
@@ -133,17 +133,17 @@ TEST(ReportTest, TheSkippedStepsAxisCountsInWholeSteps) {
 }
 
 TEST(ReportTest, TheRunsTextIsEscaped) {
-  examples::RunReport report;
+  run::RunReport report;
   report.description = "<script>alert(1)</script> & \"quoted\"";
-  const std::string html = examples::report_html(report);
+  const std::string html = run::report_html(report);
   EXPECT_EQ(html.find("<script>alert"), std::string::npos);
   EXPECT_NE(html.find("&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;quoted&quot;"), std::string::npos);
 }
 
 TEST(ReportTest, ThePerRankTableShowsHowMuchAllreduceHidBehindBackward) {
-  examples::RunReport report;
+  run::RunReport report;
   report.world_size = 2;
-  examples::StepRecord step;
+  run::StepRecord step;
   step.step = 4;
   step.ranks = {{30, 10, 15, 1, 4, 1.0}, {31, 10, 16, 1, 3, 1.0}};
   report.steps = {step};
@@ -152,7 +152,7 @@ TEST(ReportTest, ThePerRankTableShowsHowMuchAllreduceHidBehindBackward) {
       {event(ddp::kAllreduceWaitEvent, "step", 100, 150), event("allreduce bucket 0", "comm", 0, 50),
        event("allreduce bucket 1", "comm", 50, 150)},
       {event(ddp::kAllreduceWaitEvent, "step", 100, 150), event("allreduce bucket 0", "comm", 100, 150)}};
-  const std::string html = examples::report_html(report);
+  const std::string html = run::report_html(report);
   EXPECT_NE(html.find("<td>4.00</td><td>67%</td></tr>"), std::string::npos) << html;
   EXPECT_NE(html.find("<td>3.00</td><td>0%</td></tr>"), std::string::npos) << html;
 }

@@ -1,0 +1,149 @@
+// run::Monitor, fed by a loop of the test's own: the progress lines, the metrics lines (logged steps, each epoch),
+// the report, a resumed run's step numbers and appended metrics, and misuse.
+#include <cstdio>
+#include <limits>
+#include <regex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <run/monitor.h>
+#include "python_free_examples/example_process.h"
+
+namespace {
+
+double field(const std::string& line, const std::string& key) {
+  const std::regex pattern("\"" + key + "\": (-?[0-9][0-9.e+-]*)");
+  std::smatch match;
+  if (!std::regex_search(line, match, pattern)) return std::numeric_limits<double>::quiet_NaN();
+  return std::stod(match[1]);
+}
+
+std::string text_of(std::FILE* file) {
+  std::fflush(file);
+  std::rewind(file);
+  std::string all;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) all.append(buffer, n);
+  return all;
+}
+
+/// Epochs `first_epoch`..`epochs` of 5 steps (losses 1, 2, ...: the step number), from step `first_step` on; an
+/// epoch's accuracy is epoch / 10.
+void train(run::Monitor& monitor, int64_t first_epoch, int64_t epochs, int64_t first_batch = 0) {
+  for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
+    monitor.begin_epoch(epoch, 5, epoch == first_epoch ? first_batch : 0);
+    for (int64_t batch = epoch == first_epoch ? first_batch : 0; batch < 5; ++batch) {
+      run::StepPhases& phases = monitor.begin_step();
+      phases.end(run::Phase::kForward);
+      phases.end(run::Phase::kBackward);
+      phases.end(run::Phase::kOptimizer);
+      monitor.step(static_cast<double>(monitor.next_step()), 32);
+    }
+    monitor.end_epoch(static_cast<double>(epoch) / 10.0);
+  }
+  monitor.finish();
+}
+
+TEST(MonitorTest, ALoopOfItsOwnGetsProgressMetricsAndReport) {
+  example_test::Scratch scratch;
+  run::MonitorOptions options;
+  options.progress = run::ProgressStyle::kLines;
+  options.progress_every_seconds = 0;  // a line per step
+  options.epochs = 2;
+  options.observe.metrics = scratch.file("metrics.jsonl");
+  options.observe.metrics_every = 2;
+  options.observe.report = scratch.file("report.html");
+  options.first_step = 1;
+  options.last_step = 10;
+  std::FILE* out = std::tmpfile();
+  {
+    const auto values = [] {
+      run::StepValues v;
+      v.lr = 0.5;
+      return v;
+    };
+    run::Monitor monitor(options, 0, 1, torch::kCPU, {"a test run", values}, out);
+    train(monitor, 1, 2);
+    EXPECT_EQ(monitor.next_step(), 11);
+  }
+  const auto progress = example_test::lines_of(text_of(out));
+  std::fclose(out);
+  ASSERT_EQ(progress.size(), 10u);
+  EXPECT_EQ(progress[2].rfind("epoch 1/2 step 3/5 mean loss 2.0000 | ", 0), 0u) << progress[2];  // (1 + 2 + 3) / 3
+  EXPECT_EQ(progress[9].rfind("epoch 2/2 step 5/5 mean loss 8.0000 | ", 0), 0u) << progress[9];  // steps 6..10
+
+  std::vector<double> steps, epochs;
+  for (const auto& line : example_test::lines_of(example_test::read_file(options.observe.metrics))) {
+    if (line.rfind("{\"type\": \"step\"", 0) == 0) {
+      steps.push_back(field(line, "step"));
+      EXPECT_EQ(field(line, "loss"), field(line, "step")) << line;
+      EXPECT_EQ(field(line, "lr"), 0.5) << line;
+      EXPECT_EQ(field(line, "samples_per_s") > 0, true) << line;
+    } else {
+      epochs.push_back(field(line, "mean_loss"));
+      EXPECT_EQ(field(line, "test_accuracy"), field(line, "epoch") / 10.0) << line;
+    }
+  }
+  EXPECT_EQ(steps, (std::vector<double>{2, 4, 6, 8, 10}));
+  EXPECT_EQ(epochs, (std::vector<double>{3, 8}));
+  const std::string report = example_test::read_file(options.observe.report);
+  EXPECT_NE(report.find("id=\"fig-loss\""), std::string::npos);
+  EXPECT_NE(report.find("id=\"fig-accuracy\""), std::string::npos);
+  EXPECT_NE(report.find("a test run"), std::string::npos);
+}
+
+TEST(MonitorTest, AResumedRunNumbersItsStepsOnAndAppendsToItsMetrics) {
+  example_test::Scratch scratch;
+  run::MonitorOptions options;
+  options.progress = run::ProgressStyle::kQuiet;
+  options.epochs = 2;
+  options.observe.metrics = scratch.file("metrics.jsonl");
+  options.observe.metrics_every = 2;
+  options.last_step = 10;
+  {
+    // The first run stops after step 7 (epoch 2, batch 2): as if killed after a checkpoint at step 7.
+    options.last_step = 7;
+    run::Monitor monitor(options, 0, 1, torch::kCPU);
+    monitor.begin_epoch(1, 5);
+    for (int i = 0; i < 5; ++i) {
+      monitor.begin_step();
+      monitor.step(1.0, 8);
+    }
+    monitor.end_epoch();
+    monitor.begin_epoch(2, 5);
+    for (int i = 0; i < 2; ++i) {
+      monitor.begin_step();
+      monitor.step(1.0, 8, /*last=*/i == 1);
+    }
+    monitor.finish();
+  }
+  options.observe.resumed = true;
+  options.first_step = 8;
+  options.last_step = 10;
+  {
+    run::Monitor monitor(options, 0, 1, torch::kCPU);
+    EXPECT_EQ(monitor.next_step(), 8);
+    train(monitor, 2, 2, /*first_batch=*/2);
+  }
+  std::vector<double> steps;
+  for (const auto& line : example_test::lines_of(example_test::read_file(options.observe.metrics))) {
+    steps.push_back(field(line, "step"));
+  }
+  // Steps 2, 4, 6 and the first run's last (7), epoch 1 (at step 5), then 8, 10 and epoch 2 (at step 10).
+  EXPECT_EQ(steps, (std::vector<double>{2, 4, 5, 6, 7, 8, 10, 10}));
+}
+
+TEST(MonitorTest, AStepWithoutBeginStepIsRefused) {
+  run::MonitorOptions options;
+  options.progress = run::ProgressStyle::kQuiet;
+  run::Monitor monitor(options, 0, 1, torch::kCPU);
+  monitor.begin_epoch(1, 1);
+  EXPECT_THROW(monitor.step(1.0, 1), std::logic_error);
+}
+
+}  // namespace
