@@ -31,11 +31,11 @@
 #include <CLI/CLI.hpp>
 
 #include "common/command_line.h"
+#include "common/example_flags.h"
 #include "common/peer_bundle.h"
 #include "common/small_cnn.h"
 #include "common/timing.h"
 #include "common/torch_amp_peer.h"
-#include "common/training.h"
 
 namespace {
 

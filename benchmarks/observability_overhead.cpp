@@ -1,6 +1,7 @@
 // Question: what do --metrics (at its default interval) and a --report with its timeline window cost a training
-// step? Trains the examples' CNN (DDP over the launcher's ranks when started by ddp-launch, else one process) through
-// examples::train_epochs, the loop every example runs, one epoch per run, under three settings: nothing recorded;
+// step? Trains the examples' CNN (DDP over the launcher's ranks when started by ddp-launch, else one process) in the
+// loop every example writes (run::DistributedSampler, run::Monitor), one epoch per run, under three settings: nothing
+// recorded;
 // --metrics every --metrics-every steps (each logged step: phase times, one allgather of the ranks' times, a JSON
 // line); and --metrics plus --report and --timeline (the default 3-step window recorded and gathered, the report
 // written). The settings take turns, --rounds times, the order rotating each round, and it prints each setting's
@@ -24,8 +25,8 @@
 #include <CLI/CLI.hpp>
 
 #include "common/command_line.h"
+#include "common/example_flags.h"
 #include "common/small_cnn.h"
-#include "common/training.h"
 
 namespace {
 
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   int64_t metrics_every = 10;
   std::string out = "/tmp";
   int64_t observer_steps = 2000;
-  CLI::App app{"What --metrics and --report cost a training step (examples::train_epochs, CPU)"};
+  CLI::App app{"What --metrics and --report cost a training step (the examples' loop with run::Monitor, CPU)"};
   app.add_option("--rounds", rounds, "Rounds; each runs every setting once, in rotating order")
       ->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "Synthetic training samples per epoch (one epoch per run)")
@@ -97,8 +98,18 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < settings.size(); ++k) {
         const size_t s = (k + static_cast<size_t>(round)) % settings.size();
         const examples::CommonFlags flags = flags_of(settings[s]);
-        examples::Loop loop;
-        loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
+        const run::ObservedRun observed{"bench_observability_overhead", [&] { return run::step_values(sgd); },
+                                        group ? &*group : nullptr, ddp ? &*ddp : nullptr};
+        if (group) group->barrier();
+        const auto began = std::chrono::steady_clock::now();
+        run::DistributedSampler sampler = examples::sampler_from(flags, samples, rank);
+        run::Monitor monitor(examples::monitor_options(flags, {}, sampler.batches_per_epoch()), rank.rank,
+                             rank.world_size, torch::kCPU, observed);
+        sampler.set_epoch(1);
+        monitor.begin_epoch(1, sampler.batches_per_epoch());
+        while (const auto indices = sampler.next()) {  // the examples' loop, as each of them writes it
+          const auto [images, labels] = train.batch(*indices, torch::kCPU);
+          run::StepPhases& phases = monitor.begin_step();
           sgd.zero_grad();
           auto loss = torch::cross_entropy_loss(ddp ? ddp->forward(images) : net->forward(images), labels);
           phases.end(run::Phase::kForward);
@@ -106,13 +117,10 @@ int main(int argc, char** argv) {
           phases.end(run::Phase::kBackward);
           sgd.step();
           phases.end(run::Phase::kOptimizer);
-          return loss;
-        };
-        loop.observed = {"bench_observability_overhead", [&] { return run::step_values(sgd); },
-                         group ? &*group : nullptr, ddp ? &*ddp : nullptr};
-        if (group) group->barrier();
-        const auto began = std::chrono::steady_clock::now();
-        examples::train_epochs(flags, train, torch::kCPU, rank, {}, loop);
+          monitor.step(loss.item<double>(), indices->numel() * rank.world_size);
+        }
+        monitor.end_epoch();
+        monitor.finish();
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
         step_ms[s].push_back(ms / static_cast<double>(steps));
       }

@@ -84,12 +84,13 @@ int main(int argc, char** argv) {
     const torch::Device device = examples::pick_device(flags.device, local_rank);
     torch::manual_seed(flags.seed);
     const examples::Data data = examples::load_data(flags);
+    const int64_t train_samples = data.train.images.size(0);
     examples::SmallCnn net(examples::SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
     net->to(device);
     auto inner = make_optimizer(amp_flags.optimizer, net, flags.lr);
     auto initialized = amp::initialize(
         net, *inner, examples::amp_options(amp_flags.opt_level, half_dtype(amp_flags.dtype, device), amp_flags.fp8));
-    auto& model = initialized.model;  // (not a structured binding: the step lambda captures them)
+    auto& model = initialized.model;  // (not a structured binding: the lambdas below capture them)
     auto& optimizer = initialized.optimizer;
     const auto zero_stage = static_cast<amp::ZeroStage>(amp_flags.zero);
     const bool zero = zero_stage != amp::ZeroStage::kNone;
@@ -104,10 +105,9 @@ int main(int argc, char** argv) {
     const examples::Rank rank{group.rank(), group.size()};
     // Every rank refuses a global batch that does not split among the processes, before any collective (else rank 0
     // alone would, and the others would fail in the model's broadcast).
-    examples::batch_per_process(flags, rank.world_size);
+    run::DistributedSampler sampler = examples::sampler_from(flags, train_samples, rank);
     // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
     if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
-    const int64_t train_samples = data.train.images.size(0);
     ddp::DistributedDataParallel ddp(net, group);
     if (saved) ddp.restore_gradient_order(saved->ddp_gradient_order);  // the saved run's bucket layout (collective)
     // Each bucket is unscaled and checked as soon as its allreduce (--zero 2: reduce-scatter) completes.
@@ -134,40 +134,65 @@ int main(int argc, char** argv) {
       position = examples::resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
     }
 
-    const auto save = [&](const run::TrainingPosition& at) {
-      const auto run = examples::capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order());
-      examples::write_checkpoint(flags, at, rank, [&](const std::string& path) {
-        examples::save_amp_checkpoint(path, model, optimizer, run, /*announce=*/rank.rank == 0);
-      });
+    const run::Checkpoints checkpoints = examples::checkpoints_from(flags);
+    const auto save = [&](const run::TrainingPosition& at) {  // ZeRO: collective (rank 0 writes the file)
+      const auto state = examples::capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order());
+      checkpoints.save(
+          at.steps,
+          [&](const std::string& path) {
+            examples::save_amp_checkpoint(path, model, optimizer, state, /*announce=*/rank.rank == 0);
+          },
+          /*writer=*/rank.rank == 0);
     };
-    examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
-      optimizer.zero_grad();
-      auto out = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, images);
-      auto l = torch::cross_entropy_loss(out, labels);
-      phases.end(run::Phase::kForward);
-      {
-        auto scaled = amp::scale_loss(l, optimizer);
-        scaled.backward();  // DDP averages the scaled gradients; amp unscales and checks each bucket
+    const bool saves_here = rank.rank == 0 || zero;  // ZeRO: the masters and optimizer state come from every rank
+    run::Monitor monitor(examples::monitor_options(flags, position, sampler.batches_per_epoch()), rank.rank,
+                         rank.world_size, device,
+                         {header_line, [&] { return run::step_values(*inner, &optimizer); }, &group, &ddp});
+    const run::TrainingPosition start = position;
+    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+      const int64_t epoch = position.epoch;
+      sampler.set_epoch(epoch, position.batches_done);
+      monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done);
+      while (const auto indices = sampler.next()) {
+        const auto [images, labels] = data.train.batch(*indices, device);
+        run::StepPhases& phases = monitor.begin_step();
+        optimizer.zero_grad();
+        // amp's cast policy around DDP's forward (Apex: amp.initialize, then DDP over the initialized model).
+        auto out = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, images);
+        auto loss = torch::cross_entropy_loss(out, labels);
+        phases.end(run::Phase::kForward);
+        {
+          auto scaled = amp::scale_loss(loss, optimizer);  // Apex's `with amp.scale_loss(loss, optimizer)`
+          scaled.backward();  // DDP averages the scaled gradients; amp unscales and checks each bucket
+        }
+        phases.end(run::Phase::kBackward);
+        optimizer.step();  // skipped on the device when a gradient overflowed
+        phases.end(run::Phase::kOptimizer);
+        position.step_done(sampler.batches_done(), sampler.batches_per_epoch());
+        const bool stop = examples::stop_requested(flags, start, position);
+        monitor.step(loss.item<double>(), indices->numel() * rank.world_size, /*last=*/stop);
+        if (saves_here && checkpoints.due(position.steps)) {
+          monitor.interrupt();
+          save(position);
+        }
+        if (stop) break;
       }
-      phases.end(run::Phase::kBackward);
-      optimizer.step();  // skipped on the device when a gradient overflowed
-      phases.end(run::Phase::kOptimizer);
-      return l;
-    };
-    loop.observed = {header_line, [&] { return run::step_values(*inner, &optimizer); }, &group, &ddp};
-    loop.save = save;
-    loop.save_on_every_rank = zero;  // ZeRO: the masters and optimizer state are gathered from every rank
-    loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
-      if (rank.rank != 0) return std::nullopt;
-      return examples::print_epoch_result(
-          static_cast<int>(epoch), flags.epochs, loss,
-          examples::test_accuracy(
-              *net, [&](const torch::Tensor& x) { return model.forward(x); }, data.test, device));
-    };
-    const auto end = examples::train_epochs(flags, data.train, device, rank, position, loop);
+      const double mean_loss = monitor.epoch_trained();
+      if (position.epoch > epoch) {
+        std::optional<double> accuracy;  // rank 0 alone evaluates, through amp's policy on the module itself
+        if (rank.rank == 0) {
+          accuracy = examples::print_epoch_result(
+              static_cast<int>(epoch), flags.epochs, mean_loss,
+              examples::test_accuracy(
+                  *net, [&](const torch::Tensor& x) { return model.forward(x); }, data.test, device));
+        }
+        monitor.end_epoch(accuracy);
+      }
+    }
+    monitor.finish();
+    examples::print_if_stopped(flags, start, position, rank);
     examples::check_replicas_if_asked(ddp_flags, *net, group);  // the model's weights (half under O2)
-    if ((rank.rank == 0 || zero) && examples::final_save_needed(flags, position, end)) save(end);
+    if (saves_here && checkpoints.final_save_needed(start, position)) save(position);
     group.barrier();
   });
 }

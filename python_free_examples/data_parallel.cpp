@@ -13,8 +13,8 @@
 #include <ddp/data_parallel.h>
 #include <fmt/format.h>
 
+#include "common/example_flags.h"
 #include "common/small_cnn.h"
-#include "common/training.h"
 
 int main(int argc, char** argv) {
   examples::CommonFlags flags;
@@ -89,45 +89,63 @@ int main(int argc, char** argv) {
       return dp.forward(images);
     };
 
-    examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
-      auto out = forward(images);
-      auto l = torch::cross_entropy_loss(out, labels.to(out.device()));
-      phases.end(run::Phase::kForward);
-      if (mixed) {
-        mixed->optimizer.zero_grad();
-        {
-          auto scaled = amp::scale_loss(l, mixed->optimizer);
-          scaled.backward();  // replicas' gradients flow back into the module
-        }
-        phases.end(run::Phase::kBackward);
-        mixed->optimizer.step();
-      } else {
-        sgd.zero_grad();
-        l.backward();  // gradients of all replicas flow back into the module
-        phases.end(run::Phase::kBackward);
-        sgd.step();
-      }
-      phases.end(run::Phase::kOptimizer);
-      return l;
-    };
-    loop.observed.description = header_line;
-    loop.observed.values = [&] { return run::step_values(sgd, mixed ? &mixed->optimizer : nullptr); };
-    loop.save = [&](const run::TrainingPosition& at) {
-      const auto run = examples::capture_run_state(flags, 1, train_samples, at);
-      examples::write_checkpoint(flags, at, examples::Rank{}, [&](const std::string& path) {
+    const run::Checkpoints checkpoints = examples::checkpoints_from(flags);
+    const auto save = [&](const run::TrainingPosition& at) {
+      const auto state = examples::capture_run_state(flags, 1, train_samples, at);
+      checkpoints.save(at.steps, [&](const std::string& path) {
         if (mixed) {
-          examples::save_amp_checkpoint(path, mixed->model, mixed->optimizer, run);
+          examples::save_amp_checkpoint(path, mixed->model, mixed->optimizer, state);
         } else {
-          examples::save_checkpoint(path, *net, sgd, run);
+          examples::save_checkpoint(path, *net, sgd, state);
         }
       });
     };
-    loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
-      return examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
-                                          examples::test_accuracy(*net, forward, data.test, device));
-    };
-    const auto end = examples::train_epochs(flags, data.train, device, examples::Rank{}, position, loop);
-    if (examples::final_save_needed(flags, position, end)) loop.save(end);
+    run::DistributedSampler sampler = examples::sampler_from(flags, train_samples, examples::Rank{});
+    run::Monitor monitor(examples::monitor_options(flags, position, sampler.batches_per_epoch()), 0, 1, device,
+                         {header_line, [&] { return run::step_values(sgd, mixed ? &mixed->optimizer : nullptr); }});
+    const run::TrainingPosition start = position;
+    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+      const int64_t epoch = position.epoch;
+      sampler.set_epoch(epoch, position.batches_done);
+      monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done);
+      while (const auto indices = sampler.next()) {
+        const auto [images, labels] = data.train.batch(*indices, device);  // DataParallel splits it over the replicas
+        run::StepPhases& phases = monitor.begin_step();
+        auto out = forward(images);
+        auto loss = torch::cross_entropy_loss(out, labels.to(out.device()));
+        phases.end(run::Phase::kForward);
+        if (mixed) {
+          mixed->optimizer.zero_grad();
+          {
+            auto scaled = amp::scale_loss(loss, mixed->optimizer);
+            scaled.backward();  // the replicas' gradients flow back into the module, unscaled into fp32 masters
+          }
+          phases.end(run::Phase::kBackward);
+          mixed->optimizer.step();
+        } else {
+          sgd.zero_grad();
+          loss.backward();  // the replicas' gradients flow back into the module
+          phases.end(run::Phase::kBackward);
+          sgd.step();
+        }
+        phases.end(run::Phase::kOptimizer);
+        position.step_done(sampler.batches_done(), sampler.batches_per_epoch());
+        const bool stop = examples::stop_requested(flags, start, position);
+        monitor.step(loss.item<double>(), indices->numel(), /*last=*/stop);
+        if (checkpoints.due(position.steps)) {
+          monitor.interrupt();
+          save(position);
+        }
+        if (stop) break;
+      }
+      const double mean_loss = monitor.epoch_trained();
+      if (position.epoch > epoch) {
+        const double accuracy = examples::test_accuracy(*net, forward, data.test, device);
+        monitor.end_epoch(examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, mean_loss, accuracy));
+      }
+    }
+    monitor.finish();
+    examples::print_if_stopped(flags, start, position, examples::Rank{});
+    if (checkpoints.final_save_needed(start, position)) save(position);
   });
 }

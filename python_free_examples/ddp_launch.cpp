@@ -4,7 +4,14 @@
 //   ddp-launch --nproc-per-node 2 ./ddp_launch --synthetic --sync-bn     (BatchNorm statistics over all ranks)
 //   torchrun --nproc-per-node 2 --no-python ./ddp_launch --synthetic
 // The legacy launcher's --local_rank / --local-rank argument is accepted too.
+#include <optional>
+
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/sync_batch_norm.h>
+#include <fmt/format.h>
+
 #include "common/ddp_worker.h"
+#include "common/small_cnn.h"
 
 int main(int argc, char** argv) {
   examples::CommonFlags flags;
@@ -19,6 +26,97 @@ int main(int argc, char** argv) {
   return examples::run_main("ddp_launch", [&] {
     examples::check_common_flags(flags);
     const int local_rank = examples::local_rank_from_launcher(argc, argv, "ddp_launch");
-    examples::train_ddp_worker(flags, ddp_flags, ddp::InitOptions().init_method("env://"), local_rank);
+    // Before joining: the first process of each node speaks for the choice every rank makes alike.
+    examples::resume_from_checkpoint_dir(flags, examples::Rank{local_rank, 1}, amp::check_archive_readable);
+    const torch::Device device = examples::pick_device(flags.device, local_rank);
+    // Same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's state at construction).
+    torch::manual_seed(flags.seed);
+    // Data and --resume are read before joining the group: a bad file is this rank's own one-line error, not a
+    // failed collective on the others.
+    const examples::Data data = examples::load_data(flags);
+    const int64_t train_samples = data.train.images.size(0);
+    examples::SmallCnn net(examples::SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
+    net->to(device);
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));
+    std::optional<run::RunState> saved;
+    if (!flags.resume.empty()) saved = examples::load_checkpoint(flags.resume, *net, optimizer);
+
+    // The process group: its rendezvous reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (env://).
+    ddp::InitOptions init = ddp::InitOptions().init_method("env://").backend(examples::backend_for(device));
+    if (device.is_cuda()) init.cuda_device(device.index());
+    ddp::ProcessGroup group = ddp::init_process_group(init);
+    const examples::Rank rank{group.rank(), group.size()};
+    // Every rank refuses a global batch that does not split among the processes, before any collective.
+    run::DistributedSampler sampler = examples::sampler_from(flags, train_samples, rank);
+    // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
+    if (ddp_flags.sync_batch_norm) ddp::set_sync_batch_norm_process_group(*net, group);
+    examples::RunHeader header;
+    header.processes = rank.world_size;
+    header.backend = group.backend_name();
+    header.where = "device " + device.str() + " on rank 0";
+    header.precision = "fp32";
+    header.optimizer = examples::sgd_description();
+    header.extras = ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "";
+    const std::string header_line = examples::run_header_line(flags, data, header);
+    if (rank.rank == 0) fmt::print("{}\n", header_line);
+    run::TrainingPosition position;
+    if (!flags.resume.empty()) {
+      position = examples::resume_position(flags.resume, saved, flags, rank.world_size, train_samples, rank);
+    }
+    ddp::DistributedDataParallel ddp(net, group);
+    if (saved) ddp.restore_gradient_order(saved->ddp_gradient_order);  // the saved run's bucket layout (collective)
+
+    const run::Checkpoints checkpoints = examples::checkpoints_from(flags);
+    const auto save = [&](const run::TrainingPosition& at) {  // rank 0's
+      checkpoints.save(at.steps, [&](const std::string& path) {
+        examples::save_checkpoint(
+            path, *net, optimizer,
+            examples::capture_run_state(flags, rank.world_size, train_samples, at, ddp.gradient_order()));
+      });
+    };
+    run::Monitor monitor(examples::monitor_options(flags, position, sampler.batches_per_epoch()), rank.rank,
+                         rank.world_size, device,
+                         {header_line, [&] { return run::step_values(optimizer); }, &group, &ddp});
+    const run::TrainingPosition start = position;
+    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+      const int64_t epoch = position.epoch;
+      sampler.set_epoch(epoch, position.batches_done);  // this rank's shard of the epoch's shuffle
+      monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done);
+      while (const auto indices = sampler.next()) {
+        const auto [images, labels] = data.train.batch(*indices, device);
+        run::StepPhases& phases = monitor.begin_step();
+        optimizer.zero_grad();
+        auto loss = torch::cross_entropy_loss(ddp.forward(images), labels);
+        phases.end(run::Phase::kForward);
+        loss.backward();  // returns with the gradients averaged over the ranks
+        phases.end(run::Phase::kBackward);
+        optimizer.step();
+        phases.end(run::Phase::kOptimizer);
+        position.step_done(sampler.batches_done(), sampler.batches_per_epoch());
+        const bool stop = examples::stop_requested(flags, start, position);
+        monitor.step(loss.item<double>(), indices->numel() * rank.world_size, /*last=*/stop);
+        if (rank.rank == 0 && checkpoints.due(position.steps)) {
+          monitor.interrupt();
+          save(position);
+        }
+        if (stop) break;
+      }
+      const double mean_loss = monitor.epoch_trained();
+      if (position.epoch > epoch) {
+        std::optional<double> accuracy;  // rank 0 alone evaluates, on the module itself: ddp.forward() is collective
+        if (rank.rank == 0) {
+          accuracy = examples::print_epoch_result(
+              static_cast<int>(epoch), flags.epochs, mean_loss,
+              examples::test_accuracy(
+                  *net, [&](const torch::Tensor& x) { return net->forward(x); }, data.test, device));
+        }
+        monitor.end_epoch(accuracy);
+      }
+    }
+    monitor.finish();
+    examples::print_if_stopped(flags, start, position, rank);
+    examples::check_replicas_if_asked(ddp_flags, *net, group);
+    if (rank.rank == 0 && checkpoints.final_save_needed(start, position)) save(position);
+    group.barrier();  // nobody leaves (and tears the group down) while rank 0 is still evaluating or saving
   });
 }

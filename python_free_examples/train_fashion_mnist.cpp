@@ -1,10 +1,13 @@
-// The main job until the AMP-vs-FP32 benchmark lands: train the small CNN on Fashion-MNIST (real data from
-// /usr/share/datasets/fashion-mnist, or --synthetic) and print loss, throughput and test accuracy.
+// The starting point the four ways extend: one process trains the small CNN on Fashion-MNIST (real data from
+// /usr/share/datasets/fashion-mnist, or --synthetic) and prints loss, throughput and test accuracy.
+//   ./train_fashion_mnist --synthetic --epochs 2 --checkpoint-dir runs/cnn --save-every 100
+// Everything that watches and resumes the run is the library's (libtorch_amp::run, docs/run.md): the sampler, the
+// monitor (progress line, --metrics, --report), the run state in each checkpoint, the checkpoint folder.
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "common/example_flags.h"
 #include "common/small_cnn.h"
-#include "common/training.h"
 
 int main(int argc, char** argv) {
   examples::CommonFlags flags;
@@ -14,10 +17,12 @@ int main(int argc, char** argv) {
 
   return examples::run_main("train_fashion_mnist", [&] {
     examples::check_common_flags(flags);
+    // --checkpoint-dir: continue from its newest checkpoint that reads (a fresh start in an empty folder).
     examples::resume_from_checkpoint_dir(flags, examples::Rank{}, amp::check_archive_readable);
     torch::manual_seed(flags.seed);
     const torch::Device device = examples::pick_device(flags.device);
     const examples::Data data = examples::load_data(flags);
+    const int64_t train_samples = data.train.images.size(0);
     examples::RunHeader header;
     header.where = "device " + device.str();
     header.precision = "fp32";
@@ -29,37 +34,54 @@ int main(int argc, char** argv) {
     model->to(device);
     torch::optim::SGD optimizer(model->parameters(),
                                 torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));
-    const int64_t train_samples = data.train.images.size(0);
-    run::TrainingPosition position;
+    run::TrainingPosition position;  // epoch 1, batch 0, step 0; a resume continues where its checkpoint stood
     if (!flags.resume.empty()) {
       const auto saved = examples::load_checkpoint(flags.resume, *model, optimizer);
       position = examples::resume_position(flags.resume, saved, flags, 1, train_samples, examples::Rank{});
     }
-    auto forward = [&](const torch::Tensor& images) { return model->forward(images); };
-    auto save = [&](const run::TrainingPosition& at) {
-      examples::write_checkpoint(flags, at, examples::Rank{}, [&](const std::string& path) {
+    const run::Checkpoints checkpoints = examples::checkpoints_from(flags);
+    const auto save = [&](const run::TrainingPosition& at) {
+      checkpoints.save(at.steps, [&](const std::string& path) {
         examples::save_checkpoint(path, *model, optimizer, examples::capture_run_state(flags, 1, train_samples, at));
       });
     };
-    examples::Loop loop;
-    loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases) {
-      optimizer.zero_grad();
-      auto l = torch::cross_entropy_loss(forward(images), labels);
-      phases.end(run::Phase::kForward);
-      l.backward();
-      phases.end(run::Phase::kBackward);
-      optimizer.step();
-      phases.end(run::Phase::kOptimizer);
-      return l;
-    };
-    loop.observed.description = header_line;
-    loop.observed.values = [&] { return run::step_values(optimizer); };
-    loop.save = save;
-    loop.end_epoch = [&](int64_t epoch, double loss) -> std::optional<double> {
-      return examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, loss,
-                                          examples::test_accuracy(*model, forward, data.test, device));
-    };
-    const auto end = examples::train_epochs(flags, data.train, device, examples::Rank{}, position, loop);
-    if (examples::final_save_needed(flags, position, end)) save(end);
+
+    run::DistributedSampler sampler = examples::sampler_from(flags, train_samples, examples::Rank{});
+    run::Monitor monitor(examples::monitor_options(flags, position, sampler.batches_per_epoch()), 0, 1, device,
+                         {header_line, [&] { return run::step_values(optimizer); }});
+    const run::TrainingPosition start = position;
+    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+      const int64_t epoch = position.epoch;
+      sampler.set_epoch(epoch, position.batches_done);
+      monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done);
+      while (const auto indices = sampler.next()) {
+        const auto [images, labels] = data.train.batch(*indices, device);
+        run::StepPhases& phases = monitor.begin_step();
+        optimizer.zero_grad();
+        auto loss = torch::cross_entropy_loss(model->forward(images), labels);
+        phases.end(run::Phase::kForward);
+        loss.backward();
+        phases.end(run::Phase::kBackward);
+        optimizer.step();
+        phases.end(run::Phase::kOptimizer);
+        position.step_done(sampler.batches_done(), sampler.batches_per_epoch());
+        const bool stop = examples::stop_requested(flags, start, position);
+        monitor.step(loss.item<double>(), indices->numel(), /*last=*/stop);  // the step's one host sync
+        if (checkpoints.due(position.steps)) {
+          monitor.interrupt();  // the save's line below the progress line
+          save(position);
+        }
+        if (stop) break;
+      }
+      const double mean_loss = monitor.epoch_trained();
+      if (position.epoch > epoch) {  // the whole epoch ran: evaluate it
+        const double accuracy = examples::test_accuracy(
+            *model, [&](const torch::Tensor& x) { return model->forward(x); }, data.test, device);
+        monitor.end_epoch(examples::print_epoch_result(static_cast<int>(epoch), flags.epochs, mean_loss, accuracy));
+      }
+    }
+    monitor.finish();
+    examples::print_if_stopped(flags, start, position, examples::Rank{});
+    if (checkpoints.final_save_needed(start, position)) save(position);
   });
 }

@@ -83,6 +83,11 @@ RunState read_run_state(torch::serialize::InputArchive& archive) {
   return state;
 }
 
+int64_t last_step(const TrainingPosition& at, int64_t epochs, int64_t batches_per_epoch) {
+  if (at.epoch > epochs) return at.steps;
+  return at.steps + (epochs - at.epoch + 1) * batches_per_epoch - at.batches_done;
+}
+
 torch::Tensor cpu_generator_state() {
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());

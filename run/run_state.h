@@ -18,7 +18,22 @@ struct TrainingPosition {
   int64_t epoch = 1;         // the epoch in progress (1-based)
   int64_t batches_done = 0;  // of that epoch, in its shuffled order; always below the epoch's number of batches
   int64_t steps = 0;         // optimizer steps since the run began, over every resume
+
+  /// One more step, which ended batch `batches_done` (1-based) of an epoch of `batches_per_epoch`; after the
+  /// epoch's last batch the position is the next epoch's start.
+  void step_done(int64_t batches_done_in_epoch, int64_t batches_per_epoch) {
+    ++steps;
+    batches_done = batches_done_in_epoch;
+    if (batches_done >= batches_per_epoch) {
+      ++epoch;
+      batches_done = 0;
+    }
+  }
 };
+
+/// The run's last step when it trains from `at` to the end of epoch `epochs`, each of `batches_per_epoch` steps
+/// (at.steps when `at` is past that already).
+int64_t last_step(const TrainingPosition& at, int64_t epochs, int64_t batches_per_epoch);
 
 /// What a checkpoint records beside model and optimizer: the position, what fixes the data order (a resume compares
 /// them: the seed, the batch per process or the job's global batch, the number of processes unless the batch is

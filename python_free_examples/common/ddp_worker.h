@@ -2,7 +2,7 @@
 
 #include <ddp/process_group.h>
 
-#include "common/training.h"
+#include "common/example_flags.h"
 
 namespace examples {
 
@@ -31,12 +31,5 @@ void check_replicas_if_asked(const DdpFlags& flags, const torch::nn::Module& mod
 
 /// "nccl" for a CUDA device, "gloo" otherwise.
 std::string backend_for(const torch::Device& device);
-
-/// The body of one DDP worker, shared by ddp_launch and ddp_spawn (which differ only in how the workers are
-/// started): joins the process group `init` describes (its backend is chosen from the device), builds the
-/// small CNN on cuda:`local_rank` (or the CPU), wraps it in ddp::DistributedDataParallel, trains on this rank's
-/// shard with SGD, and on rank 0 prints the test accuracy and writes --save. With --sync-bn the CNN normalizes
-/// with ddp::SyncBatchNorm over the group, so its batch statistics cover every rank's batch.
-void train_ddp_worker(const CommonFlags& flags, const DdpFlags& ddp_flags, ddp::InitOptions init, int local_rank);
 
 }  // namespace examples

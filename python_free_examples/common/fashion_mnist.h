@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -15,6 +16,12 @@ inline const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist"
 struct ImageSplit {
   torch::Tensor images;
   torch::Tensor labels;
+
+  /// The samples at `indices` (int64, a run::DistributedSampler batch), copied to `device`: {images, labels}.
+  std::pair<torch::Tensor, torch::Tensor> batch(const torch::Tensor& indices, const torch::Device& device) const {
+    return {images.index_select(0, indices).to(device, /*non_blocking=*/true),
+            labels.index_select(0, indices).to(device, /*non_blocking=*/true)};
+  }
 };
 
 /// Reads an IDX file (`*-idx3-ubyte` images or `*-idx1-ubyte` labels), gzip-compressed or not, into a uint8

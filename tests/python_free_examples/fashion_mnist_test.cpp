@@ -1,5 +1,5 @@
 #include "common/fashion_mnist.h"
-#include "common/training.h"
+#include "common/example_flags.h"
 
 #include <unistd.h>
 

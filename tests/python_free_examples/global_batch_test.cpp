@@ -12,7 +12,7 @@
 #include <torch/torch.h>
 
 #include "common/small_cnn.h"
-#include "common/training.h"
+#include "common/example_flags.h"
 #include "python_free_examples/example_process.h"
 #include "test_util.h"
 

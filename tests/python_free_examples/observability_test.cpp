@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/example_flags.h"
 #include "common/small_cnn.h"
-#include "common/training.h"
 #include "python_free_examples/example_process.h"
 
 namespace {
@@ -104,11 +104,15 @@ TEST(ObservabilityTest, SkippedStepsEqualTheStepsWhoseGradientsOverflowed) {
   auto mixed = amp::initialize(
       net, sgd, amp::Options().opt_level(amp::OptLevel::O1).half_dtype(at::kBFloat16).dynamic_loss_scale());
   const std::vector<int64_t> overflowing = {2, 5, 6};
-  int64_t step = 0;
   std::vector<int64_t> skipped_by_amp;  // after each step: the steps amp's step reports said it skipped, so far
-  examples::Loop loop;
-  loop.step = [&](const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases&) {
-    ++step;
+  run::DistributedSampler sampler = examples::sampler_from(flags, train.images.size(0), examples::Rank{});
+  run::Monitor monitor(examples::monitor_options(flags, {}, sampler.batches_per_epoch()), 0, 1, torch::kCPU,
+                       {"", [&] { return run::step_values(sgd, &mixed.optimizer); }});
+  sampler.set_epoch(1);
+  monitor.begin_epoch(1, sampler.batches_per_epoch());
+  for (int64_t step = 1; const auto indices = sampler.next(); ++step) {
+    const auto [images, labels] = train.batch(*indices, torch::kCPU);
+    monitor.begin_step();
     mixed.optimizer.zero_grad();
     auto loss = torch::cross_entropy_loss(mixed.model.forward(images), labels);
     if (std::count(overflowing.begin(), overflowing.end(), step) > 0)
@@ -120,10 +124,10 @@ TEST(ObservabilityTest, SkippedStepsEqualTheStepsWhoseGradientsOverflowed) {
     mixed.optimizer.step();
     const int64_t before = skipped_by_amp.empty() ? 0 : skipped_by_amp.back();
     skipped_by_amp.push_back(before + (mixed.optimizer.last_step_now().skipped ? 1 : 0));
-    return loss;
-  };
-  loop.observed.values = [&] { return run::step_values(sgd, &mixed.optimizer); };
-  examples::train_epochs(flags, train, torch::kCPU, examples::Rank{}, {}, loop);
+    monitor.step(loss.item<double>(), indices->numel());
+  }
+  monitor.end_epoch();
+  monitor.finish();
 
   const auto steps = lines_of_type(example_test::read_file(flags.observe.metrics), "step");
   ASSERT_EQ(steps.size(), 8u);

@@ -1,4 +1,4 @@
-#include "common/training.h"
+#include "common/example_flags.h"
 
 #include <algorithm>
 #include <cmath>
@@ -131,65 +131,62 @@ TEST(ResumePositionTest, RestoresTheDefaultCpuGenerator) {
   EXPECT_TRUE(torch::equal(torch::rand({5}), expected));
 }
 
-TEST(TrainEpochsTest, SavesEveryKStepsOfTheRunAndStopsMidEpoch) {
+// The flags a loop hands to the run layer: --save-every and --stop-after-steps (checkpoints_from, monitor_options,
+// stop_requested), and the sampler of --batch-size or --global-batch-size (sampler_from).
+TEST(RunFlagsTest, SaveEveryCountsTheRunsStepsAndStopAfterStepsEndsTheRun) {
   examples::CommonFlags flags;
   flags.epochs = 2;
-  flags.batch_size = 4;
   flags.save = "unused";
   flags.save_every = 3;
   flags.stop_after_steps = 4;
-  examples::ImageSplit train{torch::zeros({20, 1, 28, 28}), torch::zeros({20}, torch::kInt64)};  // 5 batches
+  // From step 2 (epoch 1, batch 2 of 5): steps 3..6 run, the run's step 6 is its last.
+  const run::TrainingPosition start{1, 2, 2};
+  run::TrainingPosition position = start;
+  const run::Checkpoints checkpoints = examples::checkpoints_from(flags);
   std::vector<int64_t> saved_at;
-  std::vector<int64_t> ended;
-  examples::Loop loop;
-  loop.step = [](const torch::Tensor&, const torch::Tensor&, run::StepPhases&) { return torch::zeros({}); };
-  loop.save = [&](const run::TrainingPosition& at) { saved_at.push_back(at.steps); };
-  loop.end_epoch = [&](int64_t epoch, double) -> std::optional<double> {
-    ended.push_back(epoch);
-    return std::nullopt;
-  };
-  // From step 2 (epoch 1, batch 2): steps 3..6 run; the save at step 3 is inside epoch 1, at 6 inside epoch 2.
-  const auto start = run::TrainingPosition{1, 2, 2};
-  const auto end = examples::train_epochs(flags, train, torch::kCPU, examples::Rank{}, start, loop);
+  while (!examples::stop_requested(flags, start, position)) {
+    position.step_done(position.batches_done + 1, 5);
+    if (checkpoints.due(position.steps)) saved_at.push_back(position.steps);
+  }
   EXPECT_EQ(saved_at, (std::vector<int64_t>{3, 6}));
-  EXPECT_EQ(ended, (std::vector<int64_t>{1}));
-  EXPECT_EQ(end.epoch, 2);
-  EXPECT_EQ(end.batches_done, 1);
-  EXPECT_EQ(end.steps, 6);
-  EXPECT_FALSE(examples::final_save_needed(flags, start, end));  // step 6 was just saved
+  EXPECT_EQ(position.epoch, 2);
+  EXPECT_EQ(position.batches_done, 1);
+  EXPECT_EQ(position.steps, 6);
+  EXPECT_EQ(examples::monitor_options(flags, start, 5).first_step, 3);
+  EXPECT_EQ(examples::monitor_options(flags, start, 5).last_step, 6) << "--stop-after-steps 4 from step 2";
+  flags.stop_after_steps.reset();
+  EXPECT_EQ(examples::monitor_options(flags, start, 5).last_step, 10) << "the end of epoch 2";
+  EXPECT_FALSE(checkpoints.final_save_needed(start, position));  // step 6 was just saved
   flags.save_every = 4;
-  EXPECT_TRUE(examples::final_save_needed(flags, start, end));
+  EXPECT_TRUE(examples::checkpoints_from(flags).final_save_needed(start, position));
 }
 
 // --global-batch-size: each step of an epoch trains on the same samples whatever the number of ranks (their parts are
 // disjoint and together the step's batch), so a run resumes on another number; the epochs still shuffle.
-TEST(TrainEpochsTest, AGlobalBatchGivesEachStepTheSameSamplesOnAnyNumberOfRanks) {
+TEST(RunFlagsTest, AGlobalBatchGivesEachStepTheSameSamplesOnAnyNumberOfRanks) {
   examples::CommonFlags flags;
-  flags.epochs = 2;
   flags.global_batch_size = 12;
-  flags.quiet = true;
-  constexpr int64_t kSamples = 30;  // 2 steps of 12 per epoch; 6 samples left out
-  const examples::ImageSplit train{torch::zeros({kSamples, 1, 28, 28}), torch::arange(kSamples, torch::kInt64)};
-  using Steps = std::vector<std::vector<int64_t>>;  // per step of the run: the samples (labels) it trained on
+  constexpr int64_t kSamples = 30;                  // 2 steps of 12 per epoch; 6 samples left out
+  using Steps = std::vector<std::vector<int64_t>>;  // per step of the run: the samples it trained on
   const auto run = [&](int world_size) {
-    Steps steps;
+    Steps steps(4);
     for (int rank = 0; rank < world_size; ++rank) {
+      run::DistributedSampler sampler = examples::sampler_from(flags, kSamples, examples::Rank{rank, world_size});
       size_t step = 0;
-      examples::Loop loop;
-      loop.step = [&](const torch::Tensor&, const torch::Tensor& labels, run::StepPhases&) {
-        EXPECT_EQ(labels.numel(), 12 / world_size);
-        if (steps.size() <= step) steps.resize(step + 1);
-        for (int64_t i = 0; i < labels.numel(); ++i) steps[step].push_back(labels[i].item<int64_t>());
-        ++step;
-        return torch::zeros({});
-      };
-      examples::train_epochs(flags, train, torch::kCPU, examples::Rank{rank, world_size}, {}, loop);
+      for (int64_t epoch = 1; epoch <= 2; ++epoch) {
+        sampler.set_epoch(epoch);
+        while (const auto indices = sampler.next()) {
+          EXPECT_EQ(indices->numel(), 12 / world_size);
+          for (int64_t i = 0; i < indices->numel(); ++i) steps.at(step).push_back((*indices)[i].item<int64_t>());
+          ++step;
+        }
+      }
+      EXPECT_EQ(step, 4u) << "2 epochs of 2 steps";
     }
     for (auto& samples : steps) std::sort(samples.begin(), samples.end());
     return steps;
   };
   const Steps one = run(1);
-  ASSERT_EQ(one.size(), 4u);  // 2 epochs of 2 steps
   EXPECT_NE(one[0], one[2]) << "epoch 2 repeats epoch 1's order";
   for (const auto& samples : one) EXPECT_EQ(std::adjacent_find(samples.begin(), samples.end()), samples.end());
   for (const int world_size : {2, 3, 4, 6}) EXPECT_EQ(run(world_size), one) << world_size << " ranks";
@@ -199,11 +196,16 @@ TEST(TrainEpochsTest, AGlobalBatchGivesEachStepTheSameSamplesOnAnyNumberOfRanks)
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "--global-batch-size 12 does not split evenly among 5 processes");
   }
+  try {
+    examples::sampler_from(flags, 10, examples::Rank{});
+    ADD_FAILURE() << "a global batch above the samples was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "--global-batch-size 12 is more than the 10 training samples");
+  }
   // The checkpoint records the global batch and this process's part of it.
   const auto state = examples::capture_run_state(flags, 4, kSamples, run::TrainingPosition{});
-  const auto back = run::decode_run_state(run::encode_run_state(state));
-  EXPECT_EQ(back.global_batch_size, 12);
-  EXPECT_EQ(back.batch_size, 3);
+  EXPECT_EQ(state.global_batch_size, 12);
+  EXPECT_EQ(state.batch_size, 3);
 }
 
 TEST(ParseFlagsTest, ABadCommandLineIsOneLineAndANonZeroStatus) {

@@ -1,7 +1,9 @@
 #pragma once
 
-// What the four "ways" examples share: the flag set, the data, the epoch loop with its progress line, test
-// accuracy, and checkpoints. Each example keeps only what makes its way different.
+// What the four "ways" examples share besides the data and the model: the flag set and what the flags mean for the
+// run layer (run::Checkpoints, run::DistributedSampler, run::MonitorOptions), the run header line, a --resume's
+// checks, the checkpoints of a run without amp, test accuracy, and one-line errors. Each example's own file shows
+// its whole loop (docs/examples.md, docs/from_python.md).
 
 #include <cstdint>
 #include <functional>
@@ -12,6 +14,7 @@
 #include <amp/amp.h>
 #include <amp/io/checkpoint_dir.h>
 #include <fmt/format.h>
+#include <run/checkpoints.h>
 #include <run/monitor.h>
 #include <run/run_state.h>
 #include <run/sampler.h>
@@ -109,17 +112,33 @@ amp::Options amp_options(const std::string& opt_level, c10::ScalarType half_dtyp
 /// when no CUDA GPU is visible, or when the GPU's index is not below the number visible.
 torch::Device pick_device(const std::string& name, int local_rank = 0);
 
-/// One training step on a batch already on the device: zero the gradients, forward, backward, optimizer step,
-/// marking the end of each on `phases` (phases.end(run::Phase::kForward) once the loss is computed, kBackward after
-/// backward, kOptimizer after the step). Returns the loss (any device, one element).
-using StepFn =
-    std::function<torch::Tensor(const torch::Tensor& images, const torch::Tensor& labels, run::StepPhases& phases)>;
-
 /// Where this process stands in the job: its shard of each epoch and whether it prints.
 struct Rank {
   int rank = 0;
   int world_size = 1;
 };
+
+/// What the flags say to run::Checkpoints: --save (one file) or --checkpoint-dir with --keep-last, and --save-every.
+run::Checkpoints checkpoints_from(const CommonFlags& flags);
+
+/// The sampler of a run of `flags` over `train_samples` samples on `rank`: --batch-size per process in each rank's
+/// shard, or --global-batch-size in the global order (the same samples per step on any number of processes).
+/// Throws std::invalid_argument naming --global-batch-size when it does not split among the processes or is more
+/// than the samples.
+run::DistributedSampler sampler_from(const CommonFlags& flags, int64_t train_samples, const Rank& rank);
+
+/// How the flags say to watch a run that starts at `start`, its epochs `batches_per_epoch` steps each: the progress
+/// line (--quiet, --progress-every; rewritten on a terminal), the files (--metrics, --report, --timeline; the
+/// metrics appended to on a --resume), and the run's steps: to the end of --epochs, or --stop-after-steps of them.
+run::MonitorOptions monitor_options(const CommonFlags& flags, const run::TrainingPosition& start,
+                                    int64_t batches_per_epoch);
+
+/// --stop-after-steps (for testing resumption): whether the run that started at `start` stops at `now`.
+bool stop_requested(const CommonFlags& flags, const run::TrainingPosition& start, const run::TrainingPosition& now);
+/// After the loop, on rank 0 of a run stopped by --stop-after-steps: "stopped after S step(s) (--stop-after-steps),
+/// at epoch E, batch B of it (step N of the run)". Nothing when it was not stopped.
+void print_if_stopped(const CommonFlags& flags, const run::TrainingPosition& start, const run::TrainingPosition& end,
+                      const Rank& rank);
 
 /// The state of a run of `flags` on `world_size` processes over `train_samples` samples, now at `position`, with
 /// the default CPU generator as it is now and DDP's `ddp_gradient_order` (empty without DDP).
@@ -135,34 +154,6 @@ run::TrainingPosition resume_position(const std::string& path, const std::option
                                       const CommonFlags& flags, int64_t world_size, int64_t train_samples,
                                       const Rank& rank);
 
-/// The example's part of a training run: the step, saving and evaluation.
-struct Loop {
-  StepFn step;
-  /// What --metrics and --report read beyond the loss (the run's header line, lr, loss scale, the process group
-  /// and DDP): see run::ObservedRun.
-  run::ObservedRun observed;
-  /// Writes --save with the run at `position` (called on rank 0 only, or on every rank with save_on_every_rank).
-  std::function<void(const run::TrainingPosition& position)> save;
-  /// The save is collective (ZeRO: every rank gathers, rank 0 writes): call it on every rank.
-  bool save_on_every_rank = false;
-  /// After each whole epoch: its number and the mean loss of this process's batches of it. Returns the test
-  /// accuracy (0..1) when this process evaluated (for --metrics and --report), else nullopt.
-  std::function<std::optional<double>(int64_t epoch, double mean_loss)> end_epoch;
-};
-
-/// Trains from `position` to the end of epoch --epochs with train_epoch, calling `loop.save` on rank 0 every
-/// --save-every steps of the run. Stops early after --stop-after-steps steps of this process (the run is then
-/// mid-way, as if interrupted). Records the run as --metrics, --report and --timeline ask (run::RunObserver; rank 0
-/// writes the files; collective on logged steps). Returns the position reached; the caller writes the final
-/// --save with it.
-run::TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
-                                   const Rank& rank, run::TrainingPosition position, const Loop& loop);
-
-/// Whether the run that went from `start` to `end` (train_epochs) must still write --save (or into --checkpoint-dir):
-/// one was given, and no
-/// --save-every save wrote `end` already (a run stopped by --stop-after-steps on a multiple of --save-every).
-bool final_save_needed(const CommonFlags& flags, const run::TrainingPosition& start, const run::TrainingPosition& end);
-
 /// --checkpoint-dir (docs/examples.md, "Restarting without a person"): when given, sets `flags.resume` to the newest
 /// checkpoint in the folder that passes `check` (amp::CheckpointDir::load_newest: amp::check_archive_readable for
 /// plain checkpoints, amp::verify_checkpoint for amp's, which also verifies the checksums); a newer one that fails is
@@ -170,12 +161,6 @@ bool final_save_needed(const CommonFlags& flags, const run::TrainingPosition& st
 /// Every rank makes the same choice from the same files. Call it after check_common_flags.
 void resume_from_checkpoint_dir(CommonFlags& flags, const Rank& rank,
                                 const std::function<void(const std::string& path)>& check);
-
-/// Writes the checkpoint of the run at `at` with `write(path)`: to --save, or with --checkpoint-dir to its file for
-/// the step, the folder then pruned to --keep-last (on rank 0; the other ranks only call `write`, for a collective
-/// save). Call it on every rank that takes part in the save.
-void write_checkpoint(const CommonFlags& flags, const run::TrainingPosition& at, const Rank& rank,
-                      const std::function<void(const std::string& path)>& write);
 
 /// Fraction of `split` that `forward` classifies correctly, in eval mode on `module` (restored to train mode
 /// after). Local: no collectives.

@@ -1,4 +1,4 @@
-#include "common/training.h"
+#include "common/example_flags.h"
 
 #include <sys/stat.h>
 
@@ -285,75 +285,58 @@ run::TrainingPosition resume_position(const std::string& path, const std::option
   if (rank.rank == 0) {
     fmt::print("resuming at epoch {}, batch {} of it (step {} of the run)\n", saved->position.epoch,
                saved->position.batches_done, saved->position.steps);
+    if (saved->position.epoch > flags.epochs) {
+      fmt::print("the run is past epoch {} already (--epochs {}): nothing left to train\n", saved->position.epoch - 1,
+                 flags.epochs);
+    }
   }
   return saved->position;
 }
 
-run::TrainingPosition train_epochs(const CommonFlags& flags, const ImageSplit& train, const torch::Device& device,
-                                   const Rank& rank, run::TrainingPosition position, const Loop& loop) {
-  if (position.epoch > flags.epochs && rank.rank == 0) {
-    fmt::print("the run is past epoch {} already (--epochs {}): nothing left to train\n", position.epoch - 1,
-               flags.epochs);
-  }
+run::Checkpoints checkpoints_from(const CommonFlags& flags) {
+  run::CheckpointOptions options;
+  options.file = flags.save;
+  options.folder = flags.checkpoint_dir;
+  options.keep_last = flags.keep_last;
+  options.every = flags.save_every;
+  return run::Checkpoints(options);
+}
+
+run::DistributedSampler sampler_from(const CommonFlags& flags, int64_t train_samples, const Rank& rank) {
   const int64_t batch = batch_per_process(flags, rank.world_size);
-  if (flags.global_batch_size && *flags.global_batch_size > train.images.size(0)) {
+  if (flags.global_batch_size && *flags.global_batch_size > train_samples) {
     throw std::invalid_argument(fmt::format("--global-batch-size {} is more than the {} training samples",
-                                            *flags.global_batch_size, train.images.size(0)));
+                                            *flags.global_batch_size, train_samples));
   }
-  run::DistributedSampler sampler(
-      train.images.size(0), batch, rank.rank, rank.world_size,
+  return run::DistributedSampler(
+      train_samples, batch, rank.rank, rank.world_size,
       flags.global_batch_size ? run::DistributedSampler::Order::kGlobal : run::DistributedSampler::Order::kPerRank);
+}
+
+run::MonitorOptions monitor_options(const CommonFlags& flags, const run::TrainingPosition& start,
+                                    int64_t batches_per_epoch) {
+  run::MonitorOptions options;
+  options.progress = run::progress_style(flags.quiet, stdout);
+  options.progress_every_seconds = flags.progress_every;
+  options.epochs = flags.epochs;
+  options.observe = flags.observe;
+  options.observe.resumed = !flags.resume.empty();
+  options.first_step = start.steps + 1;
   // The run's last step: every rank computes the same, so the observer's windows and logged steps pair up.
-  const int64_t epoch_steps = sampler.batches_per_epoch();
-  int64_t last_step = position.steps + std::max<int64_t>(0, flags.epochs - position.epoch + 1) * epoch_steps -
-                      (position.epoch <= flags.epochs ? position.batches_done : 0);
-  if (flags.stop_after_steps) last_step = std::min(last_step, position.steps + *flags.stop_after_steps);
-  run::MonitorOptions watch;
-  watch.progress = run::progress_style(flags.quiet, stdout);
-  watch.progress_every_seconds = flags.progress_every;
-  watch.epochs = flags.epochs;
-  watch.observe = flags.observe;
-  watch.observe.resumed = !flags.resume.empty();
-  watch.first_step = position.steps + 1;
-  watch.last_step = last_step;
-  run::Monitor monitor(watch, rank.rank, rank.world_size, device, loop.observed);
-  int64_t steps_here = 0;
-  bool stop = false;
-  while (position.epoch <= flags.epochs && !stop) {
-    const int64_t epoch = position.epoch;
-    sampler.set_epoch(epoch, std::clamp<int64_t>(position.batches_done, 0, epoch_steps));
-    monitor.begin_epoch(epoch, epoch_steps, sampler.batches_done());
-    while (const auto indices = sampler.next()) {
-      auto images = train.images.index_select(0, *indices).to(device, /*non_blocking=*/true);
-      auto labels = train.labels.index_select(0, *indices).to(device, /*non_blocking=*/true);
-      run::StepPhases& phases = monitor.begin_step();
-      const double loss = loop.step(images, labels, phases).item<double>();  // the progress line needs it: one sync
-      ++position.steps;
-      ++steps_here;
-      position.batches_done = sampler.batches_done();
-      stop = flags.stop_after_steps && steps_here >= *flags.stop_after_steps;
-      monitor.step(loss, indices->numel() * rank.world_size, /*last=*/stop);
-      if (position.batches_done >= epoch_steps) position = {epoch + 1, 0, position.steps};
-      if ((rank.rank == 0 || loop.save_on_every_rank) && flags.save_every && position.steps % *flags.save_every == 0) {
-        monitor.interrupt();  // the save's line below the progress line
-        loop.save(position);
-      }
-      if (stop) break;
-    }
-    if (!stop && position.epoch == epoch) position = {epoch + 1, 0, position.steps};  // an epoch without batches
-    if (position.epoch > epoch) {
-      const double loss = monitor.epoch_trained();
-      monitor.end_epoch(loop.end_epoch ? loop.end_epoch(epoch, loss) : std::nullopt);
-    } else {
-      monitor.epoch_trained();  // stopped inside the epoch: ends its progress line
-    }
-  }
-  monitor.finish();
-  if (stop && rank.rank == 0) {
-    fmt::print("stopped after {} step(s) (--stop-after-steps), at epoch {}, batch {} of it (step {} of the run)\n",
-               steps_here, position.epoch, position.batches_done, position.steps);
-  }
-  return position;
+  options.last_step = run::last_step(start, flags.epochs, batches_per_epoch);
+  if (flags.stop_after_steps) options.last_step = std::min(options.last_step, start.steps + *flags.stop_after_steps);
+  return options;
+}
+
+bool stop_requested(const CommonFlags& flags, const run::TrainingPosition& start, const run::TrainingPosition& now) {
+  return flags.stop_after_steps && now.steps - start.steps >= *flags.stop_after_steps;
+}
+
+void print_if_stopped(const CommonFlags& flags, const run::TrainingPosition& start, const run::TrainingPosition& end,
+                      const Rank& rank) {
+  if (!stop_requested(flags, start, end) || rank.rank != 0) return;
+  fmt::print("stopped after {} step(s) (--stop-after-steps), at epoch {}, batch {} of it (step {} of the run)\n",
+             end.steps - start.steps, end.epoch, end.batches_done, end.steps);
 }
 
 double test_accuracy(torch::nn::Module& module, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
@@ -377,36 +360,14 @@ double print_epoch_result(int epoch, int epochs, double mean_loss, double accura
   return accuracy;
 }
 
-bool final_save_needed(const CommonFlags& flags, const run::TrainingPosition& start, const run::TrainingPosition& end) {
-  const bool saved_by_save_every = flags.save_every && end.steps > start.steps && end.steps % *flags.save_every == 0;
-  return (!flags.save.empty() || !flags.checkpoint_dir.empty()) && !saved_by_save_every;
-}
-
 void resume_from_checkpoint_dir(CommonFlags& flags, const Rank& rank,
                                 const std::function<void(const std::string& path)>& check) {
-  if (flags.checkpoint_dir.empty()) return;
-  const amp::CheckpointDir dir(flags.checkpoint_dir, flags.keep_last);
-  const auto newest = dir.load_newest(check, [&](const std::string& line) {
+  const auto newest = checkpoints_from(flags).newest(check, [&](const std::string& line) {
     if (rank.rank == 0) fmt::print(stderr, "warning: --checkpoint-dir: {}\n", line);
   });
   if (newest) {
-    flags.resume = newest->path;
-    if (rank.rank == 0) fmt::print("--checkpoint-dir: continuing from {}\n", newest->path);
-  }
-}
-
-void write_checkpoint(const CommonFlags& flags, const run::TrainingPosition& at, const Rank& rank,
-                      const std::function<void(const std::string& path)>& write) {
-  const ddp::ProgressPause pause("a checkpoint save");  // not timed by the launcher's hang detection
-  if (flags.checkpoint_dir.empty()) {
-    write(flags.save);
-    return;
-  }
-  const amp::CheckpointDir dir(flags.checkpoint_dir, flags.keep_last);
-  if (rank.rank == 0) {
-    dir.save(at.steps, write);
-  } else {
-    write(dir.path_for(at.steps));  // a collective save's other ranks: rank 0 writes the file
+    flags.resume = *newest;
+    if (rank.rank == 0) fmt::print("--checkpoint-dir: continuing from {}\n", *newest);
   }
 }
 
