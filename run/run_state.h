@@ -2,7 +2,7 @@
 
 // Where a training run stands, as bytes a checkpoint keeps, so that a resumed run continues exactly where the saved
 // one stood: the position in the data (run::DistributedSampler's epoch and batch), the step count, what fixes the
-// data order (checked on resume), torch's CPU generator, and DDP's bucket order (docs/run.md, "Exact resume").
+// data order (checked on resume), torch's CPU generator, and DDP's bucket order (docs/run.md, "What each piece promises").
 
 #include <cstdint>
 #include <string>

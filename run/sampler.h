@@ -26,9 +26,9 @@ namespace run {
 /// what ran before: a run resumed at (epoch, batches_done) takes the very batches the unbroken run took.
 ///
 /// Two ways to split the work (Order):
-/// - kPerRank: rank r takes every world_size-th sample of the shuffle (its shard, padded by repeating samples to an
-///   equal length, as torch's sampler does) in batches of batch_size; the last batch may be short. A step's samples
-///   depend on the number of ranks.
+/// - kPerRank: rank r takes its contiguous block of the shuffle (torch's C++ shards: the indices padded with the data
+///   set's first samples to a multiple of world_size, shuffled, then cut into world_size blocks) in batches of batch_size; the
+///   last batch may be short. A step's samples depend on the number of ranks.
 /// - kGlobal: step s takes samples [s * B, (s + 1) * B) of the shuffle of all samples, B = batch_size x world_size
 ///   (the job's batch), rank r the r-th part of them; a last part-batch of the job is left out. A step's samples are
 ///   the same on any number of ranks, so a run saved on 4 processes resumes on 2 with the same steps.
@@ -37,7 +37,8 @@ class DistributedSampler {
   enum class Order { kPerRank, kGlobal };
 
   /// `dataset_size` samples, `batch_size` per rank (> 0), this `rank` of `world_size`. Throws std::invalid_argument
-  /// naming the value when a size is not positive or rank is not in [0, world_size).
+  /// naming the value when a size is not positive, rank is not in [0, world_size), there are fewer samples than
+  /// ranks, or (kGlobal) the job's batch is more than the samples (an epoch would have no step).
   DistributedSampler(int64_t dataset_size, int64_t batch_size, int rank = 0, int world_size = 1,
                      Order order = Order::kPerRank);
 
