@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
       const int64_t epoch = position.epoch;
       sampler.set_epoch(epoch, position.batches_done);  // this rank's shard of the epoch's shuffle
-      monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done);
+      monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done, position.epoch_loss);
       while (const auto indices = sampler.next()) {
         const auto [images, labels] = data.train.batch(*indices, device);
         run::StepPhases& phases = monitor.begin_step();
@@ -92,9 +92,10 @@ int main(int argc, char** argv) {
         phases.end(run::Phase::kBackward);
         optimizer.step();
         phases.end(run::Phase::kOptimizer);
-        position.step_done(sampler.batches_done(), sampler.batches_per_epoch());
+        const double step_loss = loss.item<double>();  // the step's one host sync
+        position.step_done(sampler.batches_done(), sampler.batches_per_epoch(), step_loss);
         const bool stop = examples::stop_requested(flags, start, position);
-        monitor.step(loss.item<double>(), indices->numel() * rank.world_size, /*last=*/stop);
+        monitor.step(step_loss, indices->numel() * rank.world_size, /*last=*/stop);
         if (rank.rank == 0 && checkpoints.due(position.steps)) {
           monitor.interrupt();
           save(position);

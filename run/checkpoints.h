@@ -1,7 +1,8 @@
 #pragma once
 
-// Where a run's checkpoints go and which one a restarted run continues from (docs/run.md, "What each piece promises"): one file
-// rewritten at each save, or a folder of them by step (amp::CheckpointDir), saved every K steps and at the end.
+// Where a run's checkpoints go and which one a restarted run continues from (docs/run.md, "What each piece promises"):
+// one file rewritten at each save, or a folder of them by step (amp::CheckpointDir), saved every K steps and at the
+// end.
 
 #include <cstdint>
 #include <functional>

@@ -24,11 +24,10 @@ Monitor::Monitor(const MonitorOptions& options, int rank, int world_size, const 
       observer_(options.observe, rank, world_size, device, std::move(run), options.first_step, options.last_step),
       next_step_(options.first_step) {}
 
-void Monitor::begin_epoch(int64_t epoch, int64_t batches, int64_t first_batch) {
+void Monitor::begin_epoch(int64_t epoch, int64_t batches, int64_t first_batch, const EpochLoss& so_far) {
   epoch_ = epoch;
   batch_ = first_batch;
-  loss_sum_ = 0.0;
-  losses_ = 0;
+  loss_ = so_far;
   samples_ = 0;
   trained_.reset();
   epoch_start_ = Clock::now();
@@ -48,18 +47,17 @@ void Monitor::step(double loss, int64_t samples, bool last) {
   phases_.reset();
   ++next_step_;
   ++batch_;
-  loss_sum_ += loss;
-  ++losses_;
+  loss_.add(loss);
   samples_ += samples;
   const auto now = Clock::now();
   const double seconds = std::chrono::duration<double>(now - epoch_start_).count();
-  // "mean loss": the running mean of rank 0's step losses in this epoch (since the resume, in a resumed epoch).
+  // "mean loss": the running mean of rank 0's step losses in this epoch (the whole epoch's, in a resumed one).
   progress_.step_done(batch_, epoch_mean_loss(), static_cast<double>(samples_) / seconds, now, last);
 }
 
 void Monitor::interrupt() { progress_.interrupt(); }
 
-double Monitor::epoch_mean_loss() const { return losses_ > 0 ? loss_sum_ / static_cast<double>(losses_) : 0.0; }
+double Monitor::epoch_mean_loss() const { return loss_.mean(); }
 
 double Monitor::epoch_trained() {
   if (!trained_) {

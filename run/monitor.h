@@ -14,6 +14,7 @@
 #include <run/metrics.h>
 #include <run/observer.h>
 #include <run/progress.h>
+#include <run/run_state.h>
 
 namespace amp {
 class Optimizer;
@@ -71,8 +72,10 @@ class Monitor {
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
 
-  /// Epoch `epoch` of `batches` steps begins at batch `first_batch` (> 0 in an epoch a resume continues).
-  void begin_epoch(int64_t epoch, int64_t batches, int64_t first_batch = 0);
+  /// Epoch `epoch` of `batches` steps begins at batch `first_batch` (> 0 in an epoch a resume continues), the losses
+  /// of its steps before that being `so_far` (TrainingPosition::epoch_loss from the checkpoint): the epoch's mean
+  /// loss then covers the whole epoch, as the unbroken run's does.
+  void begin_epoch(int64_t epoch, int64_t batches, int64_t first_batch = 0, const EpochLoss& so_far = {});
   /// The next step begins: its phase timer, started (timed on logged steps, recorded in the timeline's window).
   StepPhases& begin_step();
   /// The step ended with this rank's `loss` and the job's `samples` (all ranks'). On a logged step: one allgather
@@ -82,7 +85,7 @@ class Monitor {
   /// Before a line of the loop's own in mid-epoch (a save's): ends a rewritten terminal line.
   void interrupt();
   /// The epoch's training has ended (its evaluation follows): ends the progress line. Returns the mean of this rank's
-  /// step losses in the epoch (since the resume, in an epoch a resume continues). Optional: end_epoch calls it.
+  /// step losses in the epoch (with the losses begin_epoch was given). Optional: end_epoch calls it.
   double epoch_trained();
   /// The epoch has ended, after its evaluation when it has one (`test_accuracy`, 0..1): rank 0 writes its metrics
   /// line and the report keeps it. The time since epoch_trained() is left out of the next logged step's samples/s.
@@ -103,8 +106,7 @@ class Monitor {
   int64_t next_step_;
   int64_t epoch_ = 0;
   int64_t batch_ = 0;  // batches of the epoch done
-  double loss_sum_ = 0.0;
-  int64_t losses_ = 0;
+  EpochLoss loss_;
   int64_t samples_ = 0;  // the job's samples since begin_epoch
   Clock::time_point epoch_start_{};
   std::optional<Clock::time_point> trained_;  // epoch_trained() was called, then

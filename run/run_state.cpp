@@ -37,6 +37,8 @@ void write_run_state(torch::serialize::OutputArchive& archive, const RunState& s
                                                     {"world_size", state.world_size},
                                                     {"train_samples", state.train_samples}};
   for (const auto& [key, value] : values) archive.write(key, torch::tensor({value}, torch::kInt64));
+  archive.write("epoch_loss_sum", torch::tensor({state.position.epoch_loss.sum}, torch::kFloat64));
+  archive.write("epoch_loss_steps", torch::tensor({state.position.epoch_loss.steps}, torch::kInt64));
   archive.write("cpu_generator_state", state.cpu_generator_state);
   archive.write("ddp_gradient_order",
                 torch::tensor(c10::ArrayRef<int64_t>(state.ddp_gradient_order), torch::kInt64).view({-1}));
@@ -67,6 +69,15 @@ RunState read_run_state(torch::serialize::InputArchive& archive) {
         "its run state is malformed (epoch {}, batches done {}, steps {}, batch size {}, world size {}, samples {})",
         state.position.epoch, state.position.batches_done, state.position.steps, state.batch_size, state.world_size,
         state.train_samples));
+  }
+  torch::Tensor loss_sum;  // absent in files written before the epoch's losses were kept: the mean then restarts
+  if (archive.try_read("epoch_loss_sum", loss_sum)) {
+    if (loss_sum.numel() != 1 || loss_sum.scalar_type() != torch::kFloat64) {
+      throw std::runtime_error("its run state has no valid 'epoch_loss_sum'");
+    }
+    state.position.epoch_loss.sum = loss_sum.item<double>();
+    state.position.epoch_loss.steps = read_int(archive, "epoch_loss_steps");
+    if (state.position.epoch_loss.steps < 0) throw std::runtime_error("its run state has no valid 'epoch_loss_steps'");
   }
   if (!archive.try_read("cpu_generator_state", state.cpu_generator_state) ||
       state.cpu_generator_state.scalar_type() != torch::kByte) {

@@ -2,7 +2,8 @@
 
 // Where a training run stands, as bytes a checkpoint keeps, so that a resumed run continues exactly where the saved
 // one stood: the position in the data (run::DistributedSampler's epoch and batch), the step count, what fixes the
-// data order (checked on resume), torch's CPU generator, and DDP's bucket order (docs/run.md, "What each piece promises").
+// data order (checked on resume), torch's CPU generator, and DDP's bucket order (docs/run.md, "What each piece
+// promises").
 
 #include <cstdint>
 #include <string>
@@ -13,20 +14,36 @@
 
 namespace run {
 
+/// The step losses of an epoch so far (one rank's): what its printed mean loss is made of.
+struct EpochLoss {
+  double sum = 0.0;
+  int64_t steps = 0;
+  double mean() const { return steps > 0 ? sum / static_cast<double>(steps) : 0.0; }
+  void add(double loss) {
+    sum += loss;
+    ++steps;
+  }
+};
+
 /// Where a run stands.
 struct TrainingPosition {
   int64_t epoch = 1;         // the epoch in progress (1-based)
   int64_t batches_done = 0;  // of that epoch, in its shuffled order; always below the epoch's number of batches
   int64_t steps = 0;         // optimizer steps since the run began, over every resume
+  /// The losses of the epoch's steps done so far, so that a run resumed inside the epoch prints the same mean loss for
+  /// it as the unbroken run (run::Monitor::begin_epoch takes them).
+  EpochLoss epoch_loss{};
 
-  /// One more step, which ended batch `batches_done` (1-based) of an epoch of `batches_per_epoch`; after the
-  /// epoch's last batch the position is the next epoch's start.
-  void step_done(int64_t batches_done_in_epoch, int64_t batches_per_epoch) {
+  /// One more step, with this rank's `loss`, which ended batch `batches_done_in_epoch` (1-based) of an epoch of
+  /// `batches_per_epoch`; after the epoch's last batch the position is the next epoch's start.
+  void step_done(int64_t batches_done_in_epoch, int64_t batches_per_epoch, double loss) {
     ++steps;
     batches_done = batches_done_in_epoch;
+    epoch_loss.add(loss);
     if (batches_done >= batches_per_epoch) {
       ++epoch;
       batches_done = 0;
+      epoch_loss = {};
     }
   }
 };
@@ -57,8 +74,9 @@ torch::Tensor cpu_generator_state();
 /// Sets torch's default CPU generator to `state`. Throws std::runtime_error (one line) when it is not a state of it.
 void restore_cpu_generator(const torch::Tensor& state);
 
-/// RunState into an archive (keys "version", "epoch", "batches_done", "steps", "seed", "batch_size",
-/// "global_batch_size", "world_size", "train_samples", "cpu_generator_state", "ddp_gradient_order") and back.
+/// RunState into an archive (keys "version", "epoch", "batches_done", "steps", "epoch_loss_sum", "epoch_loss_steps",
+/// "seed", "batch_size", "global_batch_size", "world_size", "train_samples", "cpu_generator_state",
+/// "ddp_gradient_order") and back; a state written before the epoch's losses were kept reads with none.
 /// read_run_state throws std::runtime_error ("its run state ...": one line) naming what is missing or malformed.
 void write_run_state(torch::serialize::OutputArchive& archive, const RunState& state);
 RunState read_run_state(torch::serialize::InputArchive& archive);

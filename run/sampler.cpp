@@ -22,8 +22,8 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t batch_size,
         fmt::format("DistributedSampler: rank {} is not one of world size {}'s ranks", rank, world_size));
   }
   if (dataset_size < world_size) {  // torch's padding repeats samples, at most the whole set once
-    throw std::invalid_argument(fmt::format("DistributedSampler: {} samples cannot be shared among {} ranks",
-                                            dataset_size, world_size));
+    throw std::invalid_argument(
+        fmt::format("DistributedSampler: {} samples cannot be shared among {} ranks", dataset_size, world_size));
   }
   if (order == Order::kGlobal && batch_size * world_size > dataset_size) {
     throw std::invalid_argument(

@@ -27,8 +27,8 @@ namespace run {
 ///
 /// Two ways to split the work (Order):
 /// - kPerRank: rank r takes its contiguous block of the shuffle (torch's C++ shards: the indices padded with the data
-///   set's first samples to a multiple of world_size, shuffled, then cut into world_size blocks) in batches of batch_size; the
-///   last batch may be short. A step's samples depend on the number of ranks.
+///   set's first samples to a multiple of world_size, shuffled, then cut into world_size blocks) in batches of
+///   batch_size; the last batch may be short. A step's samples depend on the number of ranks.
 /// - kGlobal: step s takes samples [s * B, (s + 1) * B) of the shuffle of all samples, B = batch_size x world_size
 ///   (the job's batch), rank r the r-th part of them; a last part-batch of the job is left out. A step's samples are
 ///   the same on any number of ranks, so a run saved on 4 processes resumes on 2 with the same steps.

@@ -92,9 +92,10 @@ int main(int argc, char** argv) {
   run::Monitor monitor(watch, 0, 1, torch::kCPU,
                        {"consumer trainer", [&] { return run::step_values(sgd, &optimizer); }});
 
-  for (int64_t epoch = position.epoch; epoch <= epochs; ++epoch) {
-    sampler.set_epoch(epoch, epoch == position.epoch ? position.batches_done : 0);
-    monitor.begin_epoch(epoch, sampler.batches_per_epoch(), sampler.batches_done());
+  while (position.epoch <= epochs) {
+    const int64_t epoch = position.epoch;
+    sampler.set_epoch(epoch, position.batches_done);
+    monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done, position.epoch_loss);
     while (const auto indices = sampler.next()) {
       run::StepPhases& phases = monitor.begin_step();
       optimizer.zero_grad();
@@ -108,10 +109,9 @@ int main(int argc, char** argv) {
       phases.end(run::Phase::kBackward);
       optimizer.step();
       phases.end(run::Phase::kOptimizer);
-      monitor.step(loss.item<double>(), indices->numel());
-
-      const bool epoch_done = sampler.batches_done() == sampler.batches_per_epoch();
-      position = {epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : sampler.batches_done(), position.steps + 1};
+      const double step_loss = loss.item<double>();
+      position.step_done(sampler.batches_done(), sampler.batches_per_epoch(), step_loss);
+      monitor.step(step_loss, indices->numel());
       if (position.steps % save_every == 0) {
         run::RunState state;
         state.position = position;

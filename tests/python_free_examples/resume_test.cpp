@@ -20,8 +20,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "common/small_cnn.h"
 #include "common/example_flags.h"
+#include "common/small_cnn.h"
 #include "python_free_examples/example_process.h"
 #include "test_util.h"
 
@@ -173,10 +173,11 @@ class ResumeTest : public ::testing::TestWithParam<ResumingExample> {
       GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)";
     }
   }
-  /// The example's 2 epochs unbroken, as the checkpoint it saves at the end.
+  /// The example's 2 epochs unbroken, as the checkpoint it saves at the end (its output in unbroken_out_).
   Loaded train_unbroken() {
     const std::string straight = scratch_.file("straight.pt");
     const ProcessResult unbroken = run(GetParam(), {"--epochs", "2", "--save", straight});
+    unbroken_out_ = unbroken.out;
     if (unbroken.exit_code() != 0) {
       ADD_FAILURE() << "the unbroken run failed: " << unbroken.describe();
       return {};
@@ -184,7 +185,18 @@ class ResumeTest : public ::testing::TestWithParam<ResumingExample> {
     return load(GetParam(), straight);
   }
   example_test::Scratch scratch_;
+  std::string unbroken_out_;
 };
+
+/// The "epoch E/2: mean loss L" part of each epoch's result line in `out`.
+std::vector<std::string> epoch_losses(const std::string& out) {
+  std::vector<std::string> found;
+  const std::regex line("epoch [0-9]+/2: mean loss [0-9.]+");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator(); ++it) {
+    found.push_back(it->str());
+  }
+  return found;
+}
 
 TEST_P(ResumeTest, AResumedRunEndsBitIdenticalToAnUnbrokenOne) {
   const ResumingExample& example = GetParam();
@@ -237,6 +249,13 @@ TEST_P(ResumeTest, AResumedRunEndsBitIdenticalToAnUnbrokenOne) {
   const ProcessResult part3 = run(example, {"--epochs", "2", "--resume", mid, "--save", mid});
   ASSERT_EQ(part3.exit_code(), 0) << part3.describe();
   expect_same_training(expected, load(example, mid), "3 steps, 3 more, then to the end of epoch 2");
+  // Each epoch's printed mean loss is the unbroken run's, though the epoch was trained by two or three runs: its
+  // losses before a checkpoint travel in the run state.
+  EXPECT_EQ(epoch_losses(part1.out + part2.out + part3.out), epoch_losses(unbroken_out_))
+      << "unbroken:\n"
+      << unbroken_out_ << "resumed:\n"
+      << part1.out << part2.out << part3.out;
+  EXPECT_EQ(epoch_losses(unbroken_out_).size(), 2u) << unbroken_out_;
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, ResumeTest, ::testing::ValuesIn(resuming_examples()),

@@ -145,7 +145,7 @@ TEST(RunFlagsTest, SaveEveryCountsTheRunsStepsAndStopAfterStepsEndsTheRun) {
   const run::Checkpoints checkpoints = examples::checkpoints_from(flags);
   std::vector<int64_t> saved_at;
   while (!examples::stop_requested(flags, start, position)) {
-    position.step_done(position.batches_done + 1, 5);
+    position.step_done(position.batches_done + 1, 5, 1.0);
     if (checkpoints.due(position.steps)) saved_at.push_back(position.steps);
   }
   EXPECT_EQ(saved_at, (std::vector<int64_t>{3, 6}));

@@ -100,15 +100,17 @@ TEST(CheckpointsTest, BadOptionsAreOneLine) {
 }
 
 TEST(TrainingPositionTest, StepsCrossIntoTheNextEpochAndTheLastStepIsCounted) {
-  run::TrainingPosition position{1, 3, 3};
-  position.step_done(4, 5);
+  run::TrainingPosition position{1, 3, 3, {6.0, 3}};
+  position.step_done(4, 5, 1.5);
   EXPECT_EQ(position.epoch, 1);
   EXPECT_EQ(position.batches_done, 4);
   EXPECT_EQ(position.steps, 4);
-  position.step_done(5, 5);
+  EXPECT_EQ(position.epoch_loss.mean(), 7.5 / 4) << "the epoch's losses so far, the 4th added";
+  position.step_done(5, 5, 0.5);
   EXPECT_EQ(position.epoch, 2);
   EXPECT_EQ(position.batches_done, 0);
   EXPECT_EQ(position.steps, 5);
+  EXPECT_EQ(position.epoch_loss.steps, 0) << "a new epoch starts with none";
   EXPECT_EQ(run::last_step({1, 0, 0}, 3, 5), 15);
   EXPECT_EQ(run::last_step({2, 2, 7}, 3, 5), 15) << "resumed mid-epoch: the same last step";
   EXPECT_EQ(run::last_step({4, 0, 15}, 3, 5), 15) << "past the last epoch: no step left";

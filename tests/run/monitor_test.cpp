@@ -138,6 +138,31 @@ TEST(MonitorTest, AResumedRunNumbersItsStepsOnAndAppendsToItsMetrics) {
   EXPECT_EQ(steps, (std::vector<double>{2, 4, 5, 6, 7, 8, 10, 10}));
 }
 
+// A run resumed inside an epoch prints the mean loss of the whole epoch, as the unbroken run does: the losses before
+// the checkpoint come with its position.
+TEST(MonitorTest, AResumedEpochsMeanLossCoversTheStepsBeforeTheResume) {
+  run::MonitorOptions options;
+  options.progress = run::ProgressStyle::kQuiet;
+  options.last_step = 4;
+  run::Monitor unbroken(options, 0, 1, torch::kCPU);
+  unbroken.begin_epoch(1, 4);
+  run::TrainingPosition position;
+  for (const double loss : {0.1, 0.7, 0.3, 0.9}) {
+    unbroken.begin_step();
+    unbroken.step(loss, 8);
+    if (position.steps < 2) position.step_done(position.batches_done + 1, 4, loss);  // the checkpoint: after step 2
+  }
+  options.first_step = 3;
+  run::Monitor resumed(options, 0, 1, torch::kCPU);
+  resumed.begin_epoch(1, 4, position.batches_done, position.epoch_loss);
+  for (const double loss : {0.3, 0.9}) {
+    resumed.begin_step();
+    resumed.step(loss, 8);
+  }
+  EXPECT_EQ(resumed.epoch_trained(), unbroken.epoch_trained()) << "bit for bit: the same sum in the same order";
+  EXPECT_EQ(unbroken.epoch_mean_loss(), (0.1 + 0.7 + 0.3 + 0.9) / 4);
+}
+
 TEST(MonitorTest, AStepWithoutBeginStepIsRefused) {
   run::MonitorOptions options;
   options.progress = run::ProgressStyle::kQuiet;

@@ -12,7 +12,7 @@ namespace {
 
 run::RunState sample_state() {
   run::RunState state;
-  state.position = {3, 17, 245};
+  state.position = {3, 17, 245, {8.25, 17}};
   state.seed = 0xfedcba9876543210ULL;  // above INT64_MAX: kept bit for bit
   state.batch_size = 32;
   state.global_batch_size = 64;
@@ -29,6 +29,8 @@ TEST(RunStateTest, EncodedAndDecodedItIsTheSame) {
   EXPECT_EQ(back.position.epoch, 3);
   EXPECT_EQ(back.position.batches_done, 17);
   EXPECT_EQ(back.position.steps, 245);
+  EXPECT_EQ(back.position.epoch_loss.sum, 8.25);
+  EXPECT_EQ(back.position.epoch_loss.steps, 17);
   EXPECT_EQ(back.seed, state.seed);
   EXPECT_EQ(back.batch_size, 32);
   EXPECT_EQ(back.global_batch_size, 64);

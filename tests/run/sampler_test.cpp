@@ -111,7 +111,8 @@ TEST(DistributedSamplerTest, BadSizesAreOneLineNamingTheValue) {
             "DistributedSampler: rank 2 is not one of world size 2's ranks");
   EXPECT_EQ(message([] { DistributedSampler(10, 2).set_epoch(1, 6); }),
             "DistributedSampler: batch 6 of epoch 1 asked for, but an epoch has 5");
-  EXPECT_EQ(message([] { DistributedSampler(2, 1, 0, 3); }), "DistributedSampler: 2 samples cannot be shared among 3 ranks");
+  EXPECT_EQ(message([] { DistributedSampler(2, 1, 0, 3); }),
+            "DistributedSampler: 2 samples cannot be shared among 3 ranks");
   EXPECT_EQ(message([] { DistributedSampler(10, 4, 0, 3, Order::kGlobal); }),
             "DistributedSampler: a job batch of 12 (4 per rank x 3) is more than the 10 samples");
   EXPECT_FALSE(DistributedSampler(10, 2).next().has_value()) << "no batch before set_epoch";
