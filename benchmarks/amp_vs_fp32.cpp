@@ -40,11 +40,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <run/observer.h>
 #include "common/amp_report.h"
 #include "common/command_line.h"
 #include "common/device_scopes.h"
 #include "common/peer_bundle.h"
-#include <run/observer.h>
 #include "common/timing.h"
 #include "common/torch_amp_peer.h"
 #include "common/trainers.h"
@@ -579,8 +579,7 @@ int main(int argc, char** argv) {
     const std::string plot = bench::write_plot(flags.out_dir, context, results);
     amp::write_file_atomically(report_path, bench::report_html(context, results));
     if (!flags.metrics.empty())
-      bench::write_metrics_lines(flags.metrics, results,
-                                 flags.metrics_every.value_or(run::kDefaultMetricsEverySteps));
+      bench::write_metrics_lines(flags.metrics, results, flags.metrics_every.value_or(run::kDefaultMetricsEverySteps));
     fmt::print("\nresults: {0}/amp_vs_fp32.json, {0}/amp_vs_fp32.csv; {1}; report: {2}{3}\n\n{4}\n", flags.out_dir,
                plot, report_path, flags.metrics.empty() ? "" : "; metrics: " + flags.metrics, kLegend);
     fmt::print("{}", bench::format_table(results));

@@ -236,8 +236,7 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
   for (const auto& run : runs) {
     if (!run.ok()) {
       rows += fmt::format("<tr><td>{}</td><td>{}</td><td colspan=\"8\">skipped: {}</td></tr>\n",
-                          run::html_escape(run.model), run::html_escape(run.config),
-                          run::html_escape(run.error));
+                          run::html_escape(run.model), run::html_escape(run.config), run::html_escape(run.error));
       continue;
     }
     const RunRatios r = ratios_of(run, runs);
@@ -250,10 +249,10 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
         run.step_ms, or_dash(run.final_loss, "{:.4f}"), or_dash(accuracy_percent, "{:.2f}"),
         or_dash(as_double(run.skipped_steps), "{:.0f}"), or_dash(run.final_scale, "{:g}"), ratio_text(r.vs_torch_amp));
   }
-  std::string body = fmt::format("<h1>AMP vs FP32</h1>\n<p>{} ({} mode), {} | {} | torch {}</p>\n",
-                                 run::html_escape(context.device), run::html_escape(context.mode),
-                                 run::html_escape(context.date), run::html_escape(context.machine),
-                                 run::html_escape(context.torch_version));
+  std::string body =
+      fmt::format("<h1>AMP vs FP32</h1>\n<p>{} ({} mode), {} | {} | torch {}</p>\n", run::html_escape(context.device),
+                  run::html_escape(context.mode), run::html_escape(context.date), run::html_escape(context.machine),
+                  run::html_escape(context.torch_version));
   for (const std::string& task : context.task_descriptions) body += "<p>" + run::html_escape(task) + "</p>\n";
   body +=
       "<h2>Summary</h2>\n<table id=\"summary\">\n<tr><th>model</th><th>config</th><th>samples/s</th><th>x FP32</th>"

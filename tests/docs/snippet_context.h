@@ -47,7 +47,7 @@ extern int world_size;
 extern int64_t epochs;
 extern int64_t save_every;
 torch::Tensor train_step(const torch::Tensor& inputs, const torch::Tensor& targets);  // returns the loss
-std::optional<double> evaluate();                                                    // test accuracy, 0..1
+std::optional<double> evaluate();                                                     // test accuracy, 0..1
 
 // Data parallel: made in an earlier snippet.
 extern ddp::DistributedDataParallelOptions ddp_options;

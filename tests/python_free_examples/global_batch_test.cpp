@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "common/small_cnn.h"
 #include "common/example_flags.h"
+#include "common/small_cnn.h"
 #include "python_free_examples/example_process.h"
 #include "test_util.h"
 
