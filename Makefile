@@ -75,6 +75,7 @@ gpu-bundle:
 	rm -rf .deps && mkdir -p .deps/include
 	cp -r /usr/src/googletest .deps/googletest
 	cp -r /usr/include/CLI .deps/include/CLI
+	cp -r /usr/include/nlohmann .deps/include/nlohmann
 	cp -r /usr/include/gloo .deps/include/gloo
 	if [ "$(GPU_BUNDLE_DATA)" = 1 ]; then \
 	  if [ -d /usr/share/datasets/fashion-mnist ]; then cp -r /usr/share/datasets/fashion-mnist .deps/fashion-mnist; \

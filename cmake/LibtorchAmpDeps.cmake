@@ -1,6 +1,6 @@
 # Third-party dependencies, all from the ecosystem. A machine without apt or network (the GPU machine) can
 # hand CMake a source or header directory for each: -DGTEST_SOURCE_DIR, -DCLI11_INCLUDE_DIR,
-# -DFMT_INCLUDE_DIR, -DBENCHMARK_SOURCE_DIR.
+# -DFMT_INCLUDE_DIR, -DBENCHMARK_SOURCE_DIR, -DNLOHMANN_JSON_INCLUDE_DIR.
 
 # GoogleTest: an installed package, else built from source (GTEST_SOURCE_DIR, default /usr/src/googletest).
 set(GTEST_SOURCE_DIR "" CACHE PATH "GoogleTest source tree to build when no installed GTest is found")
@@ -58,6 +58,27 @@ endif()
 add_library(lta_fmt INTERFACE)
 target_include_directories(lta_fmt SYSTEM INTERFACE "${FMT_INCLUDE_DIR}")
 target_compile_definitions(lta_fmt INTERFACE FMT_HEADER_ONLY=1)
+
+# nlohmann-json (header-only), for the JSON the libraries and programs write and read (metrics lines, Chrome traces,
+# benchmark results, the launcher's error files). Private to the .cpp files: no installed header includes it, so a
+# project that links libtorch_amp needs none.
+set(NLOHMANN_JSON_INCLUDE_DIR "" CACHE PATH "Directory holding nlohmann/json.hpp (default: the installed package)")
+if(NOT NLOHMANN_JSON_INCLUDE_DIR)
+  find_package(nlohmann_json 3.10 CONFIG QUIET)
+endif()
+add_library(lta_json INTERFACE)
+if(TARGET nlohmann_json::nlohmann_json AND NOT NLOHMANN_JSON_INCLUDE_DIR)
+  target_link_libraries(lta_json INTERFACE nlohmann_json::nlohmann_json)
+else()
+  if(NOT EXISTS "${NLOHMANN_JSON_INCLUDE_DIR}/nlohmann/json.hpp")
+    find_path(NLOHMANN_JSON_INCLUDE_DIR nlohmann/json.hpp)
+  endif()
+  if(NOT EXISTS "${NLOHMANN_JSON_INCLUDE_DIR}/nlohmann/json.hpp")
+    message(FATAL_ERROR "libtorch_amp: nlohmann-json not found. Fix: apt-get install nlohmann-json3-dev, or pass "
+                        "-DNLOHMANN_JSON_INCLUDE_DIR=<dir with nlohmann/json.hpp>.")
+  endif()
+  target_include_directories(lta_json SYSTEM INTERFACE "${NLOHMANN_JSON_INCLUDE_DIR}")
+endif()
 
 # CLI11 (header-only), for the examples' and benchmarks' command lines.
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp DOC "Directory holding CLI/CLI.hpp")

@@ -6,7 +6,8 @@ install(TARGETS amp_kernels ddp amp run EXPORT libtorch_ampTargets
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 foreach(layer kernels ddp amp run)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${layer}
-          FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE PATTERN "cpu" EXCLUDE)
+          FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE PATTERN "cpu" EXCLUDE
+          PATTERN "json.h" EXCLUDE)  # ddp/json.h: the .cpp files' nlohmann-json, not API
 endforeach()
 install(EXPORT libtorch_ampTargets NAMESPACE libtorch_amp:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/libtorch_amp)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/libtorch_ampConfig.cmake.in

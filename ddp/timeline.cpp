@@ -11,7 +11,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/StringUtil.h>
 
-#include <ddp/json_text.h>
+#include <ddp/json.h>
 #include <ddp/process_group.h>
 
 namespace ddp {
@@ -223,36 +223,44 @@ std::string chrome_trace_json(const std::vector<std::vector<TimelineEvent>>& per
       any = true;
     }
   }
+  // One event a line, so that a person can read the file and a tool can take it line by line.
   std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   bool first = true;
-  const auto append = [&](const std::string& line) {
+  const auto append = [&](const Json& event) {
     out += first ? "  " : ",\n  ";
-    out += line;
+    out += json_text(event);
     first = false;
   };
   for (size_t r = 0; r < per_rank.size(); ++r) {
-    append(c10::str("{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": ", r,
-                    ", \"args\": {\"name\": ", json_string(c10::str("rank ", r)), "}}"));
+    append({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", c10::str("rank ", r)}}}});
     std::map<std::string, size_t> lanes;  // lane -> thread id, in order of first use
     for (const TimelineEvent& e : per_rank[r]) {
       if (lanes.count(e.lane)) continue;
       const size_t tid = lanes.size();
       lanes[e.lane] = tid;
-      append(c10::str("{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": ", r, ", \"tid\": ", tid,
-                      ", \"args\": {\"name\": ", json_string(e.lane), "}}"));
+      append({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", tid}, {"args", {{"name", e.lane}}}});
     }
     for (const TimelineEvent& e : per_rank[r]) {
+      const Json args = {{"step", e.step}, {"bucket", e.bucket}};
       if (e.end_us <= e.start_us) {  // an instant ("bucket i ready")
-        append(c10::str("{\"ph\": \"i\", \"s\": \"t\", \"name\": ", json_string(e.name),
-                        ", \"cat\": ", json_string(e.lane), ", \"pid\": ", r, ", \"tid\": ", lanes[e.lane],
-                        ", \"ts\": ", json_number(e.start_us - origin), ", \"args\": {\"step\": ", e.step,
-                        ", \"bucket\": ", e.bucket, "}}"));
+        append({{"ph", "i"},
+                {"s", "t"},
+                {"name", e.name},
+                {"cat", e.lane},
+                {"pid", r},
+                {"tid", lanes[e.lane]},
+                {"ts", json_number(e.start_us - origin)},
+                {"args", args}});
         continue;
       }
-      append(c10::str("{\"ph\": \"X\", \"name\": ", json_string(e.name), ", \"cat\": ", json_string(e.lane),
-                      ", \"pid\": ", r, ", \"tid\": ", lanes[e.lane], ", \"ts\": ", json_number(e.start_us - origin),
-                      ", \"dur\": ", json_number(e.end_us - e.start_us), ", \"args\": {\"step\": ", e.step,
-                      ", \"bucket\": ", e.bucket, "}}"));
+      append({{"ph", "X"},
+              {"name", e.name},
+              {"cat", e.lane},
+              {"pid", r},
+              {"tid", lanes[e.lane]},
+              {"ts", json_number(e.start_us - origin)},
+              {"dur", json_number(e.end_us - e.start_us)},
+              {"args", args}});
     }
   }
   return out + "\n]}\n";

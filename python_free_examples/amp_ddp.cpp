@@ -32,6 +32,7 @@ struct AmpFlags {
 };
 
 constexpr double kAdamWeightDecay = 1e-2;
+constexpr double kAdamWDefaultLr = 1e-3;  // --lr without the flag, for adamw (SGD's 0.05 makes Adam diverge)
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name, examples::SmallCnn& net, double lr) {
   if (name == "adamw") {
@@ -74,7 +75,11 @@ int main(int argc, char** argv) {
                  "FP8 GEMMs in the CNN's Float8Linear layers (O1/O2): off, delayed (Transformer Engine's recipe) or "
                  "current scaling (docs/fp8.md)")
       ->check(CLI::IsMember({"off", "delayed", "current"}));
+  app.get_option("--lr")
+      ->default_str(fmt::format("sgd:{},adamw:{}", flags.lr, kAdamWDefaultLr))
+      ->description("Learning rate (> 0, finite); without it, the --optimizer's: 0.05 for sgd, 0.001 for adamw");
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
+  if (amp_flags.optimizer == "adamw" && app.get_option("--lr")->count() == 0) flags.lr = kAdamWDefaultLr;
 
   return examples::run_main("amp_ddp", [&] {
     examples::check_common_flags(flags);

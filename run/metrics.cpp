@@ -1,10 +1,9 @@
 #include <run/metrics.h>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <fmt/format.h>
 #include <torch/cuda.h>
 
-#include <ddp/json_text.h>
+#include <ddp/json.h>
 
 namespace run {
 
@@ -13,10 +12,6 @@ namespace {
 const char* phase_name(int phase) {
   static const char* const kNames[] = {"forward", "backward", "optimizer step"};
   return kNames[phase];
-}
-
-std::optional<double> as_double(const std::optional<int64_t>& value) {
-  return value ? std::optional<double>(static_cast<double>(*value)) : std::nullopt;
 }
 
 }  // namespace
@@ -69,28 +64,38 @@ double StepPhases::step_milliseconds() const {
 }
 
 std::string metrics_json(const StepRecord& r) {
-  std::string ranks;
+  using ddp::json_number;
+  ddp::Json ranks = ddp::Json::array();
   for (size_t i = 0; i < r.ranks.size(); ++i) {
     const RankStepTimes& t = r.ranks[i];
-    ranks += fmt::format(
-        "{}{{\"rank\": {}, \"loss\": {}, \"step_ms\": {}, \"forward_ms\": {}, \"backward_ms\": {}, \"optimizer_ms\": "
-        "{}, "
-        "\"comm_wait_ms\": {}}}",
-        i ? ", " : "", i, ddp::json_number(t.loss), ddp::json_number(t.step_ms), ddp::json_number(t.forward_ms),
-        ddp::json_number(t.backward_ms), ddp::json_number(t.optimizer_ms), ddp::json_number(t.comm_wait_ms));
+    ranks.push_back({{"rank", i},
+                     {"loss", json_number(t.loss)},
+                     {"step_ms", json_number(t.step_ms)},
+                     {"forward_ms", json_number(t.forward_ms)},
+                     {"backward_ms", json_number(t.backward_ms)},
+                     {"optimizer_ms", json_number(t.optimizer_ms)},
+                     {"comm_wait_ms", json_number(t.comm_wait_ms)}});
   }
-  return fmt::format(
-      "{{\"type\": \"step\", \"step\": {}, \"epoch\": {}, \"loss\": {}, \"lr\": {}, \"loss_scale\": {}, "
-      "\"skipped_steps\": {}, \"grad_norm\": {}, \"samples_per_s\": {}, \"ranks\": [{}]}}",
-      r.step, r.epoch, ddp::json_number(r.loss), ddp::json_number(r.lr), ddp::json_number(r.loss_scale),
-      ddp::json_number(as_double(r.skipped_steps)), ddp::json_number(r.grad_norm), ddp::json_number(r.samples_per_s),
-      ranks);
+  return ddp::json_text({{"type", "step"},
+                         {"step", r.step},
+                         {"epoch", r.epoch},
+                         {"loss", json_number(r.loss)},
+                         {"lr", json_number(r.lr)},
+                         {"loss_scale", json_number(r.loss_scale)},
+                         {"skipped_steps", json_number(r.skipped_steps)},
+                         {"grad_norm", json_number(r.grad_norm)},
+                         {"samples_per_s", json_number(r.samples_per_s)},
+                         {"ranks", std::move(ranks)}});
 }
 
 std::string metrics_json(const EpochRecord& r) {
-  return fmt::format(
-      "{{\"type\": \"epoch\", \"epoch\": {}, \"step\": {}, \"mean_loss\": {}, \"test_accuracy\": {}, \"seconds\": {}}}",
-      r.epoch, r.step, ddp::json_number(r.mean_loss), ddp::json_number(r.test_accuracy), ddp::json_number(r.seconds));
+  using ddp::json_number;
+  return ddp::json_text({{"type", "epoch"},
+                         {"epoch", r.epoch},
+                         {"step", r.step},
+                         {"mean_loss", json_number(r.mean_loss)},
+                         {"test_accuracy", json_number(r.test_accuracy)},
+                         {"seconds", json_number(r.seconds)}});
 }
 
 }  // namespace run

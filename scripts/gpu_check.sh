@@ -24,7 +24,7 @@
 #     --dry-run    the same steps without a GPU (CI runs this): the CUDA tests skip, so it also runs the CPU twins of
 #                  the never-run checks; default architectures; the benchmarks in their CPU quick modes
 #     --deps DIR   third-party sources the machine lacks, as laid out by `make gpu-bundle`: DIR/googletest (GoogleTest
-#                  source), DIR/include/CLI (CLI11 headers), DIR/include/gloo
+#                  source), DIR/include/CLI (CLI11 headers), DIR/include/nlohmann (nlohmann-json), DIR/include/gloo
 #     --build-dir  build folder (default build-gpu); reusing an existing one makes a rebuild incremental
 # Environment: GPU_CHECK_DEADLINE_S (each phase's deadline in seconds from its start; default build-test 300, bench
 # 160 on the GPU, 1200 each in the dry run), GPU_CHECK_TEST_S (one test's timeout; 60, dry run 300),
@@ -317,6 +317,7 @@ fi
 if [ -n "$deps" ]; then
   [ -d "$deps/googletest" ] && args+=(-DGTEST_SOURCE_DIR="$deps/googletest")
   [ -d "$deps/include/CLI" ] && args+=(-DCLI11_INCLUDE_DIR="$deps/include")
+  [ -d "$deps/include/nlohmann" ] && args+=(-DNLOHMANN_JSON_INCLUDE_DIR="$deps/include")
   [ -d "$deps/include/gloo" ] && args+=(-DLIBTORCH_AMP_GLOO_INCLUDE_DIR="$deps/include")
 fi
 

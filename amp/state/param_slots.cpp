@@ -70,10 +70,13 @@ void ParamSlots::create_masters(torch::optim::Optimizer& optimizer, const std::v
     for (auto& p : group.params()) {
       auto it = master_of.find(p.unsafeGetTensorImpl());
       if (it == master_of.end()) continue;
+      // State the optimizer already has (steps taken, or loaded, before initialize) follows the parameter to its
+      // master. Taken out before the insert: inserting may rehash the map and leave `old` dangling.
       auto old = state.find(p.unsafeGetTensorImpl());
       if (old != state.end()) {
-        state[it->second.unsafeGetTensorImpl()] = std::move(old->second);
-        state.erase(p.unsafeGetTensorImpl());
+        std::unique_ptr<torch::optim::OptimizerParamState> moved = std::move(old->second);
+        state.erase(old);
+        state[it->second.unsafeGetTensorImpl()] = std::move(moved);
       }
       p = it->second;
     }

@@ -10,7 +10,7 @@
 
 #include <amp/io/atomic_file.h>
 #include <c10/util/Exception.h>
-#include <ddp/json_text.h>
+#include <ddp/json.h>
 #include <fmt/format.h>
 
 #include <run/report.h>
@@ -35,10 +35,14 @@ std::string or_dash(const std::optional<double>& v, const char* format) {
   return v ? fmt::format(fmt::runtime(format), *v) : std::string("-");
 }
 
+/// A fraction as a percentage with two decimals ("72.60"), or "-".
+std::string accuracy_text(const std::optional<double>& fraction) {
+  return fraction ? fmt::format("{:.2f}", 100.0 * *fraction) : std::string("-");
+}
+
 std::string ratio_text(const std::optional<double>& v) { return v ? fmt::format("{:.2f}x", *v) : std::string("-"); }
 
 using ddp::json_number;
-using ddp::json_string;
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -92,13 +96,11 @@ std::string format_table(const std::vector<RunResult>& runs) {
       continue;
     }
     const RunRatios r = ratios_of(run, runs);
-    const std::optional<double> accuracy_percent =
-        run.accuracy ? std::optional<double>(100.0 * *run.accuracy) : std::nullopt;
     out +=
         fmt::format("{:<12} {:<15} {:>10.1f} {:>7} {:>7} {:>9.2f} {:>9} {:>6} {:>8} {:>7} {:>7} {:>8} {:>7} {:>9}\n",
                     run.model, run.config, run.samples_per_s, ratio_text(r.vs_fp32), ratio_text(r.vs_tf32), run.step_ms,
                     or_dash(run.peak_mib, "{:.0f}"), ratio_text(r.peak_vs_fp32), or_dash(run.final_loss, "{:.4f}"),
-                    or_dash(accuracy_percent, "{:.2f}"), or_dash(as_double(run.skipped_steps), "{:.0f}"),
+                    accuracy_text(run.accuracy), or_dash(as_double(run.skipped_steps), "{:.0f}"),
                     or_dash(run.final_scale, "{:g}"), ratio_text(r.vs_loop), ratio_text(r.vs_torch_amp));
   }
   return out;
@@ -108,36 +110,34 @@ void write_json_and_csv(const std::string& dir, const RunContext& context, const
   std::filesystem::create_directories(dir);
   // Built in memory, each file written whole (temporary file, fsync, rename): a killed run leaves the previous
   // results, never half of new ones.
-  std::ostringstream json;
-  json << "{\n  \"benchmark\": \"amp_vs_fp32\",\n"
-       << "  \"date\": " << json_string(context.date) << ",\n  \"machine\": " << json_string(context.machine)
-       << ",\n  \"device\": " << json_string(context.device) << ",\n  \"mode\": " << json_string(context.mode)
-       << ",\n  \"torch\": " << json_string(context.torch_version) << ",\n  \"tasks\": [";
-  for (size_t i = 0; i < context.task_descriptions.size(); ++i) {
-    json << (i ? ", " : "") << json_string(context.task_descriptions[i]);
-  }
-  json << "],\n  \"runs\": [\n";
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const RunResult& run = runs[i];
+  ddp::Json json = {{"benchmark", "amp_vs_fp32"},         {"date", context.date},      {"machine", context.machine},
+                    {"device", context.device},           {"mode", context.mode},      {"torch", context.torch_version},
+                    {"tasks", context.task_descriptions}, {"runs", ddp::Json::array()}};
+  for (const RunResult& run : runs) {
     const RunRatios r = ratios_of(run, runs);
-    json << "    {\"model\": " << json_string(run.model) << ", \"config\": " << json_string(run.config)
-         << ", \"kind\": " << json_string(run.kind) << ", \"dtype\": " << json_string(run.dtype)
-         << ", \"ok\": " << (run.ok() ? "true" : "false") << ", \"error\": " << json_string(run.error)
-         << ", \"samples_per_s\": " << json_number(run.samples_per_s) << ", \"step_ms\": " << json_number(run.step_ms)
-         << ", \"peak_mib\": " << json_number(run.peak_mib) << ", \"final_loss\": " << json_number(run.final_loss)
-         << ", \"accuracy\": " << json_number(run.accuracy)
-         << ", \"skipped_steps\": " << json_number(as_double(run.skipped_steps))
-         << ", \"final_scale\": " << json_number(run.final_scale) << ", \"x_fp32\": " << json_number(r.vs_fp32)
-         << ", \"x_tf32\": " << json_number(r.vs_tf32) << ", \"peak_x_fp32\": " << json_number(r.peak_vs_fp32)
-         << ", \"accuracy_delta_points\": " << json_number(r.accuracy_delta_points)
-         << ", \"x_loop\": " << json_number(r.vs_loop) << ", \"x_torch_amp\": " << json_number(r.vs_torch_amp)
-         << ", \"losses\": [";
-    for (size_t k = 0; k < run.losses.size(); ++k) {
-      json << (k ? ", " : "") << json_number(static_cast<double>(run.losses[k]));
-    }
-    json << "]}" << (i + 1 < runs.size() ? "," : "") << "\n";
+    ddp::Json losses = ddp::Json::array();
+    for (const float loss : run.losses) losses.push_back(json_number(static_cast<double>(loss)));
+    json["runs"].push_back({{"model", run.model},
+                            {"config", run.config},
+                            {"kind", run.kind},
+                            {"dtype", run.dtype},
+                            {"ok", run.ok()},
+                            {"error", run.error},
+                            {"samples_per_s", json_number(run.samples_per_s)},
+                            {"step_ms", json_number(run.step_ms)},
+                            {"peak_mib", json_number(run.peak_mib)},
+                            {"final_loss", json_number(run.final_loss)},
+                            {"accuracy", json_number(run.accuracy)},
+                            {"skipped_steps", json_number(run.skipped_steps)},
+                            {"final_scale", json_number(run.final_scale)},
+                            {"x_fp32", json_number(r.vs_fp32)},
+                            {"x_tf32", json_number(r.vs_tf32)},
+                            {"peak_x_fp32", json_number(r.peak_vs_fp32)},
+                            {"accuracy_delta_points", json_number(r.accuracy_delta_points)},
+                            {"x_loop", json_number(r.vs_loop)},
+                            {"x_torch_amp", json_number(r.vs_torch_amp)},
+                            {"losses", std::move(losses)}});
   }
-  json << "  ]\n}\n";
 
   std::ostringstream csv;
   csv << "model,config,kind,dtype,status,samples_per_s,x_fp32,x_tf32,step_ms,peak_mib,peak_x_fp32,final_loss,"
@@ -155,7 +155,7 @@ void write_json_and_csv(const std::string& dir, const RunContext& context, const
         << csv_number(r.vs_loop, "{:.3f}") << ',' << csv_number(r.vs_torch_amp, "{:.3f}") << ',' << csv_field(run.error)
         << '\n';
   }
-  amp::write_file_atomically(dir + "/amp_vs_fp32.json", json.str());
+  amp::write_file_atomically(dir + "/amp_vs_fp32.json", ddp::json_text(json, 2) + "\n");
   amp::write_file_atomically(dir + "/amp_vs_fp32.csv", csv.str());
 }
 
@@ -240,13 +240,11 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
       continue;
     }
     const RunRatios r = ratios_of(run, runs);
-    const std::optional<double> accuracy_percent =
-        run.accuracy ? std::optional<double>(100.0 * *run.accuracy) : std::nullopt;
     rows += fmt::format(
         "<tr><td>{}</td><td>{}</td><td>{:.1f}</td><td>{}</td><td>{:.2f}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td></tr>\n",
         run::html_escape(run.model), run::html_escape(run.config), run.samples_per_s, ratio_text(r.vs_fp32),
-        run.step_ms, or_dash(run.final_loss, "{:.4f}"), or_dash(accuracy_percent, "{:.2f}"),
+        run.step_ms, or_dash(run.final_loss, "{:.4f}"), accuracy_text(run.accuracy),
         or_dash(as_double(run.skipped_steps), "{:.0f}"), or_dash(run.final_scale, "{:g}"), ratio_text(r.vs_torch_amp));
   }
   std::string body =
@@ -292,15 +290,23 @@ void write_metrics_lines(const std::string& path, const std::vector<RunResult>& 
     for (size_t s = 0; s < run.losses.size(); ++s) {
       const auto step = static_cast<int64_t>(s + 1);
       if (step % every_steps != 0 && s + 1 != run.losses.size()) continue;
-      lines += fmt::format("{{\"type\": \"step\", \"model\": {}, \"config\": {}, \"step\": {}, \"loss\": {}}}\n",
-                           json_string(run.model), json_string(run.config), step, json_number(run.losses[s]));
+      lines += ddp::json_text({{"type", "step"},
+                               {"model", run.model},
+                               {"config", run.config},
+                               {"step", step},
+                               {"loss", json_number(static_cast<double>(run.losses[s]))}}) +
+               "\n";
     }
-    lines += fmt::format(
-        "{{\"type\": \"run\", \"model\": {}, \"config\": {}, \"samples_per_s\": {}, \"step_ms\": {}, "
-        "\"final_loss\": {}, \"accuracy\": {}, \"skipped_steps\": {}, \"loss_scale\": {}}}\n",
-        json_string(run.model), json_string(run.config), json_number(run.samples_per_s), json_number(run.step_ms),
-        json_number(run.final_loss), json_number(run.accuracy), json_number(as_double(run.skipped_steps)),
-        json_number(run.final_scale));
+    lines += ddp::json_text({{"type", "run"},
+                             {"model", run.model},
+                             {"config", run.config},
+                             {"samples_per_s", json_number(run.samples_per_s)},
+                             {"step_ms", json_number(run.step_ms)},
+                             {"final_loss", json_number(run.final_loss)},
+                             {"accuracy", json_number(run.accuracy)},
+                             {"skipped_steps", json_number(run.skipped_steps)},
+                             {"loss_scale", json_number(run.final_scale)}}) +
+             "\n";
   }
   amp::write_file_atomically(path, lines);
 }

@@ -10,8 +10,6 @@
 #include <stdexcept>
 #include <vector>
 
-#include <amp/io/archive_error.h>
-#include <amp/io/atomic_file.h>
 #include <amp/io/checkpoint_dir.h>
 #include <ddp/launch/error_file.h>
 #include <ddp/progress.h>
@@ -373,39 +371,14 @@ void resume_from_checkpoint_dir(CommonFlags& flags, const Rank& rank,
 
 void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                      const run::RunState& state) {
-  torch::serialize::OutputArchive archive, model_archive, optimizer_archive, run_archive;
-  module.save(model_archive);
-  optimizer.save(optimizer_archive);
-  run::write_run_state(run_archive, state);
-  archive.write("model", model_archive);
-  archive.write("optimizer", optimizer_archive);
-  archive.write("run_state", run_archive);
-  amp::save_archive_atomically(archive, path);
+  run::save_training_checkpoint(path, module, optimizer, state);
   fmt::print("saved model, optimizer and training position to {}\n", path);
 }
 
 std::optional<run::RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
                                              torch::optim::Optimizer& optimizer) {
   std::optional<run::RunState> state;
-  load_resume_checkpoint(path, [&] {
-    torch::serialize::InputArchive archive, model_archive, optimizer_archive;
-    try {
-      archive.load_from(path);
-    } catch (const c10::Error& e) {
-      throw std::runtime_error("cannot read it as a checkpoint: " +
-                               amp::short_archive_error(e.what_without_backtrace()));
-    }
-    for (const auto& [key, part] : {std::pair<const char*, torch::serialize::InputArchive*>{"model", &model_archive},
-                                    {"optimizer", &optimizer_archive}}) {
-      if (!archive.try_read(key, *part)) {
-        throw std::runtime_error(fmt::format("no '{}' part: not a checkpoint written by --save of this example", key));
-      }
-    }
-    torch::serialize::InputArchive run_archive;
-    if (archive.try_read("run_state", run_archive)) state = run::read_run_state(run_archive);  // absent in older files
-    module.load(model_archive);
-    optimizer.load(optimizer_archive);
-  });
+  load_resume_checkpoint(path, [&] { state = run::load_training_checkpoint(path, module, optimizer); });
   return state;
 }
 
@@ -426,6 +399,10 @@ void load_resume_checkpoint(const std::string& path, const std::function<void()>
 }
 
 int run_main(const char* program, const std::function<void()>& body) {
+  // Each line the run prints (its header, each save, each epoch's result) reaches a log or the launcher's pipe when
+  // it is printed, not when a 4 KiB buffer fills: a log read mid-run has it, and a SIGTERM loses none. (Before any
+  // output: parse_flags prints only when it returns early.)
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string error;
   try {
     body();

@@ -2,7 +2,7 @@
 
 // What the four "ways" examples share besides the data and the model: the flag set and what the flags mean for the
 // run layer (run::Checkpoints, run::DistributedSampler, run::MonitorOptions), the run header line, a --resume's
-// checks, the checkpoints of a run without amp, test accuracy, and one-line errors. Each example's own file shows
+// checks and errors, test accuracy, and one-line errors. Each example's own file shows
 // its whole loop (docs/examples.md, docs/from_python.md).
 
 #include <cstdint>
@@ -18,6 +18,7 @@
 #include <run/monitor.h>
 #include <run/run_state.h>
 #include <run/sampler.h>
+#include <run/training_checkpoint.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
@@ -171,46 +172,40 @@ double test_accuracy(torch::nn::Module& module, const std::function<torch::Tenso
 /// Returns `accuracy`, for Loop::end_epoch.
 double print_epoch_result(int epoch, int epochs, double mean_loss, double accuracy);
 
-/// Saves `module`, `optimizer` (a plain torch::optim optimizer) and `run` to one file, atomically
-/// (amp::save_archive_atomically): a writer stopped at any point leaves the previous file whole.
+/// Runs `load` (which reads the --resume checkpoint `path`) and re-throws its failure as one line naming --resume
+/// and the path once: "--resume 'path': <what was wrong>" (amp's own "checkpoint 'path': " before it is dropped).
+void load_resume_checkpoint(const std::string& path, const std::function<void()>& load);
+
+/// run::save_training_checkpoint (model, plain torch::optim optimizer and run state, one file, atomically), and a
+/// line saying so.
 void save_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                      const run::RunState& state);
-/// Loads what save_checkpoint wrote and returns its run state (nullopt for a file written before checkpoints held
-/// one). A file that is not such a checkpoint (random bytes, truncated, another model) throws
-/// std::invalid_argument "--resume 'path': ..." with the reason's first line (a damaged zip: "cannot read it as a
-/// checkpoint: damaged or truncated zip archive (failed finding central directory)", amp::short_archive_error).
+/// run::load_training_checkpoint of the --resume file `path`, its errors as one line naming --resume
+/// (load_resume_checkpoint): "--resume 'path': cannot read it as a checkpoint: damaged or truncated zip archive
+/// (failed finding central directory)". Returns the run state (nullopt for a file written without one).
 std::optional<run::RunState> load_checkpoint(const std::string& path, torch::nn::Module& module,
                                              torch::optim::Optimizer& optimizer);
 
-/// amp::save_checkpoint of `model` and `optimizer` with `run` as its extra run::kRunStateExtra (one file, atomically),
-/// and a line saying so.
+/// run::save_training_checkpoint with amp (amp::save_checkpoint with the run state as an extra), and a line saying so.
 template <typename ModuleHolder>
 void save_amp_checkpoint(const std::string& path, const amp::Model<ModuleHolder>& model, amp::Optimizer& optimizer,
                          const run::RunState& state, bool announce = true) {
-  amp::save_checkpoint(path, model, optimizer, {{run::kRunStateExtra, run::encode_run_state(state)}});
+  run::save_training_checkpoint(path, model, optimizer, state);
   if (announce) fmt::print("saved model, optimizer, amp state and training position to {}\n", path);
 }
-/// amp::load_checkpoint of the --resume file `path` into `model` and `optimizer`, errors as one line naming --resume
+/// run::load_training_checkpoint with amp, of the --resume file `path`, errors as one line naming --resume
 /// (load_resume_checkpoint). Returns the run state (nullopt for a file saved without one).
 template <typename ModuleHolder>
 std::optional<run::RunState> load_amp_checkpoint(const std::string& path, amp::Model<ModuleHolder>& model,
                                                  amp::Optimizer& optimizer) {
   std::optional<run::RunState> state;
-  load_resume_checkpoint(path, [&] {
-    amp::CheckpointExtras extras;
-    amp::load_checkpoint(path, model, optimizer, extras);
-    const auto entry = extras.find(run::kRunStateExtra);
-    if (entry != extras.end()) state = run::decode_run_state(entry->second);
-  });
+  load_resume_checkpoint(path, [&] { state = run::load_training_checkpoint(path, model, optimizer); });
   return state;
 }
 
-/// Runs `load` (which reads the --resume checkpoint `path`) and re-throws its failure as one line naming --resume
-/// and the path once: "--resume 'path': <what was wrong>" (amp's own "checkpoint 'path': " before it is dropped).
-void load_resume_checkpoint(const std::string& path, const std::function<void()>& load);
-
-/// Runs `body` and turns an exception into "program: message" on stderr (one line: one_line of the message
-/// without LibTorch's backtrace) and exit status 1.
+/// Makes stdout line-buffered (a log or a pipe gets each line when it is printed), runs `body`, and turns an
+/// exception into "program: message" on stderr (one line: one_line of the message without LibTorch's backtrace) and
+/// exit status 1.
 int run_main(const char* program, const std::function<void()>& body);
 
 }  // namespace examples

@@ -307,6 +307,39 @@ TEST(InitializeTest, TwoLossesKeepSeparateScalesAndSumTheirGradients) {
 
 std::string temp_path(const std::string& stem) { return "/tmp/lta_" + stem + "_" + std::to_string(::getpid()) + ".pt"; }
 
+// An optimizer that already has state (steps taken, or a plain checkpoint loaded, before initialize): each
+// parameter's state moves to its master whole. Re-keying the state map used to read an entry after an insert that
+// could rehash the map; the moved-from state then crashed a later save (a model of two parameters did).
+TEST(InitializeTest, O2MovesStateTheOptimizerAlreadyHasToTheMasters) {
+  torch::manual_seed(1);
+  torch::nn::Linear net(4, 3);  // two parameters: moving the second's state grows the map (3 entries at a time)
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int i = 0; i < 2; ++i) {
+    sgd.zero_grad();
+    net->forward(torch::randn({5, 4})).pow(2).mean().backward();
+    sgd.step();
+  }
+  std::vector<at::Tensor> momentum;  // each parameter's buffer, in the optimizer's order
+  for (const auto& p : sgd.param_groups()[0].params()) {
+    const auto& state = static_cast<torch::optim::SGDParamState&>(*sgd.state().at(p.unsafeGetTensorImpl()));
+    momentum.push_back(state.momentum_buffer().clone());
+  }
+  auto [model, optimizer] = amp::initialize(net, sgd, cpu_options(OptLevel::O2));
+  const auto& held = sgd.param_groups()[0].params();
+  ASSERT_EQ(held.size(), momentum.size());
+  EXPECT_EQ(sgd.state().size(), momentum.size()) << "no state left under a replaced parameter";
+  for (size_t i = 0; i < held.size(); ++i) {
+    const auto found = sgd.state().find(held[i].unsafeGetTensorImpl());
+    ASSERT_NE(found, sgd.state().end()) << "parameter " << i << "'s state is under what the optimizer holds";
+    const auto& state = static_cast<torch::optim::SGDParamState&>(*found->second);
+    EXPECT_TRUE(torch::equal(state.momentum_buffer(), momentum[i])) << "parameter " << i;
+  }
+  const std::string path = temp_path("moved_state");
+  amp::save_checkpoint(path, model, optimizer);  // crashed on the moved-from state
+  EXPECT_GT(std::ifstream(path, std::ios::binary | std::ios::ate).tellg(), 0);
+  std::remove(path.c_str());
+}
+
 // The checkpoint recipe: a run interrupted at step 5 and resumed from its checkpoint ends bit-identical to an
 // uninterrupted run.
 TEST(InitializeTest, ResumeFromCheckpointIsBitIdentical) {

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <torch/torch.h>
@@ -18,6 +20,7 @@
 #include <run/monitor.h>
 #include <run/run_state.h>
 #include <run/sampler.h>
+#include <run/training_checkpoint.h>
 
 namespace {
 
@@ -71,11 +74,10 @@ int main(int argc, char** argv) {
   amp::CheckpointDir checkpoints(dir + "/checkpoints", /*keep_last=*/2);
   run::TrainingPosition position;
   const auto resumed = checkpoints.load_newest([&](const std::string& path) {
-    amp::CheckpointExtras extras;
-    amp::load_checkpoint(path, model, optimizer, extras);
-    const run::RunState state = run::decode_run_state(extras.at(run::kRunStateExtra));
-    run::restore_cpu_generator(state.cpu_generator_state);
-    position = state.position;
+    const std::optional<run::RunState> state = run::load_training_checkpoint(path, model, optimizer);
+    if (!state) throw std::runtime_error("no run state");
+    run::restore_cpu_generator(state->cpu_generator_state);
+    position = state->position;
   });
   if (resumed) std::printf("resumed from %s at step %lld\n", resumed->path.c_str(), (long long)position.steps);
 
@@ -120,7 +122,7 @@ int main(int argc, char** argv) {
         state.cpu_generator_state = run::cpu_generator_state();
         monitor.interrupt();
         checkpoints.save(position.steps, [&](const std::string& path) {
-          amp::save_checkpoint(path, model, optimizer, {{run::kRunStateExtra, run::encode_run_state(state)}});
+          run::save_training_checkpoint(path, model, optimizer, state);
         });
         if (position.steps == kill_after) std::raise(SIGKILL);
       }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "ddp/ddp_test_util.h"
+#include "json_lines.h"
 #include "test_util.h"
 
 namespace {
@@ -22,9 +23,20 @@ TEST(ErrorFileTest, AMessageWithQuotesNewlinesAndUnicodeSurvivesTheRoundTrip) {
   EXPECT_EQ(json.find('\n'), json.size() - 1) << "one line: " << json;
   write(dir.file("e.json"), json);
   EXPECT_EQ(ddp::detail::read_error_message(dir.file("e.json")), message);
-  EXPECT_NE(json.find("\"rank\": 3"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"restart_count\": 2"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"timestamp\": \"1796000000\""), std::string::npos) << json;
+  const test_json::Json record = test_json::parse(json);
+  EXPECT_EQ(record["rank"], 3) << json;
+  EXPECT_EQ(record["restart_count"], 2) << json;
+  EXPECT_EQ(record["message"]["extraInfo"]["timestamp"], "1796000000") << json;  // torchelastic's: a string
+}
+
+// An exception's text may hold bytes that are not UTF-8 (a path, a system message): the record is still written, with
+// U+FFFD in their place, rather than lost.
+TEST(ErrorFileTest, BytesThatAreNotUtf8AreReplacedNotLost) {
+  ddp_test::ScratchDir dir;
+  ddp_test::EnvGuard guard({ddp::kErrorFileEnv});
+  ::setenv(ddp::kErrorFileEnv, dir.file("error.json").c_str(), 1);
+  ASSERT_TRUE(ddp::record_error("cannot open /data/\xff\xfe.bin"));
+  EXPECT_EQ(ddp::detail::read_error_message(dir.file("error.json")), "cannot open /data/\xEF\xBF\xBD\xEF\xBF\xBD.bin");
 }
 
 TEST(ErrorFileTest, TorchrunsLayoutAndAPlainMessageAreRead) {
@@ -60,7 +72,9 @@ TEST(ErrorFileTest, RecordErrorWritesTheNamedFileWithTheRankAndRestart) {
   ASSERT_TRUE(ddp::record_error("the disk is full"));
   EXPECT_EQ(ddp::detail::read_error_message(dir.file("error.json")), "the disk is full");
   const std::string json = test_util::read_file(dir.file("error.json"));
-  EXPECT_NE(json.find("\"rank\": 5, \"restart_count\": 1"), std::string::npos) << json;
+  const test_json::Json record = test_json::parse(json);
+  EXPECT_EQ(record["rank"], 5) << json;
+  EXPECT_EQ(record["restart_count"], 1) << json;
   EXPECT_EQ(test_util::folder_entries(dir.path()).size(), 1u) << "a temporary file was left";
   ::setenv(ddp::kErrorFileEnv, dir.file("no/such/folder/error.json").c_str(), 1);
   EXPECT_FALSE(ddp::record_error("cannot be written"));  // no throw, no crash: it runs while failing

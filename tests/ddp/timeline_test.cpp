@@ -12,6 +12,7 @@
 
 #include "ddp/ddp_mlp_test_util.h"
 #include "ddp/ddp_test_util.h"
+#include "json_lines.h"
 #include "test_util.h"
 
 namespace {
@@ -23,12 +24,6 @@ Clock::time_point at_us(int64_t microseconds) { return Clock::time_point(std::ch
 
 ddp::TimelineEvent event(const std::string& name, const std::string& lane, int64_t step, double start, double end) {
   return ddp::TimelineEvent{name, lane, step, -1, start, end};
-}
-
-size_t count(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
 }
 
 TEST(TimelineTest, KeepsOnlyTheStepsOfItsWindow) {
@@ -62,15 +57,29 @@ TEST(TimelineTest, ChromeTraceHasAProcessPerRankAThreadPerLaneAndStartsAtZero) {
       {event("forward", "step", 1, 1100, 1600), event("say \"hi\"", "step", 1, 1600, 1601),
        event("bucket 0 ready", "buckets", 1, 1500, 1500)}};
   const std::string json = ddp::chrome_trace_json(per_rank);
-  EXPECT_EQ(count(json, "\"name\": \"process_name\""), 2u);
-  EXPECT_EQ(count(json, "\"name\": \"thread_name\""), 4u);  // rank 0: step, comm; rank 1: step, buckets
-  EXPECT_EQ(count(json, "\"ph\": \"X\""), 4u);
-  EXPECT_EQ(count(json, "\"ph\": \"i\", \"s\": \"t\", \"name\": \"bucket 0 ready\""), 1u) << "an instant: " << json;
-  EXPECT_NE(json.find("\"ts\": 0,"), std::string::npos) << json;  // the earliest event starts at 0
-  EXPECT_NE(json.find("\"ts\": 400, \"dur\": 300"), std::string::npos) << json;
-  EXPECT_NE(json.find("say \\\"hi\\\""), std::string::npos) << "names are escaped: " << json;
-  EXPECT_EQ(json.substr(0, 1), "{");
-  EXPECT_EQ(json.substr(json.size() - 3), "]}\n");
+  const test_json::Json trace = test_json::parse(json);
+  EXPECT_EQ(trace["displayTimeUnit"], "ms");
+  const test_json::Json& events = trace["traceEvents"];
+  EXPECT_EQ(test_json::count_where(events, "name", "process_name"), 2u);
+  EXPECT_EQ(test_json::count_where(events, "name", "thread_name"), 4u);  // rank 0: step, comm; rank 1: step, buckets
+  EXPECT_EQ(test_json::count_where(events, "ph", "X"), 4u);
+  EXPECT_EQ(test_json::count_where(events, "ph", "i"), 1u) << "an instant: " << json;
+  std::map<std::string, test_json::Json> by_name;  // the last event of each name
+  for (const test_json::Json& e : events) by_name[e["name"]] = e;
+  EXPECT_EQ(by_name["bucket 0 ready"]["ph"], "i");
+  EXPECT_EQ(by_name["bucket 0 ready"]["s"], "t");
+  EXPECT_EQ(by_name["bucket 0 ready"]["cat"], "buckets");
+  EXPECT_EQ(by_name["allreduce bucket 0"]["ts"], 400.0) << json;  // times from the earliest event, which is at 0
+  EXPECT_EQ(by_name["allreduce bucket 0"]["dur"], 300.0) << json;
+  EXPECT_EQ(by_name["allreduce bucket 0"]["pid"], 0);
+  EXPECT_EQ(by_name["allreduce bucket 0"]["args"]["step"], 1);
+  EXPECT_EQ(by_name["say \"hi\""]["pid"], 1) << "names are escaped: " << json;
+  double earliest = 1e300;
+  for (const test_json::Json& e : events)
+    earliest = e.contains("ts") ? std::min(earliest, e["ts"].get<double>()) : earliest;
+  EXPECT_EQ(earliest, 0.0);
+  EXPECT_EQ(std::count(json.begin(), json.end(), '\n'), static_cast<std::ptrdiff_t>(events.size()) + 2)
+      << "an event a line: " << json;
 }
 
 TEST(TimelineTest, OverlapIsTheShareOfAllreduceTimeBeforeBackwardWaitsForIt) {

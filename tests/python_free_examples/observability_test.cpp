@@ -12,33 +12,15 @@
 
 #include "common/example_flags.h"
 #include "common/small_cnn.h"
+#include "json_lines.h"
 #include "python_free_examples/example_process.h"
 
 namespace {
 
 using example_test::lines_of;
-
-/// The number after "\"key\": " in a JSON line, or NaN when it is absent or null.
-double field(const std::string& line, const std::string& key) {
-  const std::regex pattern("\"" + key + "\": (-?[0-9][0-9.e+-]*)");
-  std::smatch match;
-  if (!std::regex_search(line, match, pattern)) return std::numeric_limits<double>::quiet_NaN();
-  return std::stod(match[1]);
-}
-
-std::vector<std::string> lines_of_type(const std::string& text, const std::string& type) {
-  std::vector<std::string> out;
-  for (const std::string& line : lines_of(text)) {
-    if (line.rfind("{\"type\": \"" + type + "\"", 0) == 0) out.push_back(line);
-  }
-  return out;
-}
-
-size_t count_of(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
+using test_json::Json;
+using test_json::lines_of_type;
+using test_json::number;
 
 TEST(ObservabilityProgramTest, MetricsLinesAgreeWithWhatTheProgramPrinted) {
   example_test::Scratch scratch;
@@ -54,21 +36,22 @@ TEST(ObservabilityProgramTest, MetricsLinesAgreeWithWhatTheProgramPrinted) {
   const auto steps = lines_of_type(text, "step");
   ASSERT_EQ(steps.size(), 6u) << text;
   for (size_t i = 0; i < steps.size(); ++i) {
-    SCOPED_TRACE(steps[i]);
-    EXPECT_EQ(field(steps[i], "step"), i < 5 ? 3.0 * static_cast<double>(i + 1) : 16.0);
-    EXPECT_EQ(field(steps[i], "epoch"), i < 2 ? 1.0 : 2.0);  // steps 1-8 are epoch 1
-    EXPECT_EQ(field(steps[i], "lr"), 0.05);
-    EXPECT_TRUE(std::isfinite(field(steps[i], "loss")));
-    EXPECT_GT(field(steps[i], "samples_per_s"), 0.0);
-    EXPECT_EQ(count_of(steps[i], "\"rank\": "), 1u);
-    const double step_ms = field(steps[i], "step_ms");
-    const double phases =
-        field(steps[i], "forward_ms") + field(steps[i], "backward_ms") + field(steps[i], "optimizer_ms");
-    EXPECT_GT(field(steps[i], "forward_ms"), 0.0);
-    EXPECT_GT(field(steps[i], "backward_ms"), 0.0);
-    EXPECT_GT(field(steps[i], "optimizer_ms"), 0.0);
+    SCOPED_TRACE(steps[i].dump());
+    EXPECT_EQ(number(steps[i], "step"), i < 5 ? 3.0 * static_cast<double>(i + 1) : 16.0);
+    EXPECT_EQ(number(steps[i], "epoch"), i < 2 ? 1.0 : 2.0);  // steps 1-8 are epoch 1
+    EXPECT_EQ(number(steps[i], "lr"), 0.05);
+    EXPECT_TRUE(std::isfinite(number(steps[i], "loss")));
+    EXPECT_GT(number(steps[i], "samples_per_s"), 0.0);
+    ASSERT_EQ(steps[i]["ranks"].size(), 1u);
+    const Json& rank0 = steps[i]["ranks"][0];  // the step's times are each rank's
+    EXPECT_EQ(number(rank0, "loss"), number(steps[i], "loss")) << "one rank: its loss is the step's";
+    const double step_ms = number(rank0, "step_ms");
+    const double phases = number(rank0, "forward_ms") + number(rank0, "backward_ms") + number(rank0, "optimizer_ms");
+    EXPECT_GT(number(rank0, "forward_ms"), 0.0);
+    EXPECT_GT(number(rank0, "backward_ms"), 0.0);
+    EXPECT_GT(number(rank0, "optimizer_ms"), 0.0);
     EXPECT_LE(phases, step_ms + 1e-6) << "the phases are parts of the step";
-    EXPECT_TRUE(std::isnan(field(steps[i], "loss_scale"))) << "no amp: null";
+    EXPECT_TRUE(std::isnan(number(steps[i], "loss_scale"))) << "no amp: null";
   }
   // Each epoch's line in the file says what the program printed for it.
   const auto epochs = lines_of_type(text, "epoch");
@@ -80,9 +63,9 @@ TEST(ObservabilityProgramTest, MetricsLinesAgreeWithWhatTheProgramPrinted) {
     if (!std::regex_search(line, m, printed)) continue;
     const size_t e = std::stoul(m[1]) - 1;
     ASSERT_LT(e, epochs.size());
-    EXPECT_EQ(fmt::format("{:.4f}", field(epochs[e], "mean_loss")), m[2].str()) << epochs[e];
-    EXPECT_EQ(fmt::format("{:.2f}", 100 * field(epochs[e], "test_accuracy")), m[3].str()) << epochs[e];
-    EXPECT_EQ(field(epochs[e], "step"), 8.0 * static_cast<double>(e + 1));
+    EXPECT_EQ(fmt::format("{:.4f}", number(epochs[e], "mean_loss")), m[2].str()) << epochs[e].dump();
+    EXPECT_EQ(fmt::format("{:.2f}", 100 * number(epochs[e], "test_accuracy")), m[3].str()) << epochs[e].dump();
+    EXPECT_EQ(number(epochs[e], "step"), 8.0 * static_cast<double>(e + 1));
     ++matched;
   }
   EXPECT_EQ(matched, 2) << run.out;
@@ -133,13 +116,14 @@ TEST(ObservabilityTest, SkippedStepsEqualTheStepsWhoseGradientsOverflowed) {
   ASSERT_EQ(steps.size(), 8u);
   int64_t injected = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
-    SCOPED_TRACE(steps[i]);
+    SCOPED_TRACE(steps[i].dump());
     injected += std::count(overflowing.begin(), overflowing.end(), static_cast<int64_t>(i + 1));
-    EXPECT_EQ(field(steps[i], "skipped_steps"), static_cast<double>(injected));
-    EXPECT_EQ(field(steps[i], "skipped_steps"), static_cast<double>(skipped_by_amp[i]));
-    EXPECT_GT(field(steps[i], "loss_scale"), 0.0);
+    EXPECT_EQ(number(steps[i], "skipped_steps"), static_cast<double>(injected));
+    EXPECT_EQ(number(steps[i], "skipped_steps"), static_cast<double>(skipped_by_amp[i]));
+    EXPECT_GT(number(steps[i], "loss_scale"), 0.0);
   }
-  EXPECT_LT(field(steps.back(), "loss_scale"), field(steps.front(), "loss_scale")) << "each overflow halves the scale";
+  EXPECT_LT(number(steps.back(), "loss_scale"), number(steps.front(), "loss_scale"))
+      << "each overflow halves the scale";
 }
 
 // A resumed run continues --metrics: the lines the stopped run wrote after its checkpoint (the steps the resumed run
@@ -165,7 +149,7 @@ TEST(ObservabilityTest, AResumedRunDropsTheStepsItTakesAgainFromItsMetrics) {
     }
   }
   std::vector<double> steps;
-  for (const std::string& line : lines_of(example_test::read_file(flags.metrics))) steps.push_back(field(line, "step"));
+  for (const Json& line : lines_of_type(example_test::read_file(flags.metrics))) steps.push_back(number(line, "step"));
   EXPECT_EQ(steps, (std::vector<double>{2, 4, 6, 8, 10, 12}));
 
   flags.resumed = false;
@@ -195,16 +179,15 @@ TEST(ObservabilityProgramTest, ATwoRankRunWritesEveryFigureAndBothRanksTimelines
   }
   EXPECT_NE(html.find("rank 1 comm"), std::string::npos) << "rank 1's allreduces are drawn";
   EXPECT_NE(html.find("unscale bucket 0"), std::string::npos) << "amp's unscale is drawn";
-  const std::string json = example_test::read_file(trace);
-  EXPECT_EQ(count_of(json, "\"name\": \"process_name\""), 2u);
-  EXPECT_EQ(count_of(json, "\"name\": \"allreduce bucket 0\""), 4u) << "2 ranks x steps 4 and 5";
-  EXPECT_EQ(count_of(json, "\"name\": \"optimizer step\""), 4u);
-  for (const std::string& line : lines_of_type(example_test::read_file(metrics), "step")) {
-    EXPECT_EQ(count_of(line, "\"rank\": "), 2u) << line;
+  const Json events = test_json::parse(example_test::read_file(trace))["traceEvents"];
+  EXPECT_EQ(test_json::count_where(events, "name", "process_name"), 2u);
+  EXPECT_EQ(test_json::count_where(events, "name", "allreduce bucket 0"), 4u) << "2 ranks x steps 4 and 5";
+  EXPECT_EQ(test_json::count_where(events, "name", "optimizer step"), 4u);
+  for (const Json& line : lines_of_type(example_test::read_file(metrics), "step")) {
+    ASSERT_EQ(line["ranks"].size(), 2u) << line.dump();
     // The wait for the allreduces is part of each rank's backward.
-    for (const std::string& rank_part :
-         {line.substr(line.find("\"rank\": 0")), line.substr(line.find("\"rank\": 1"))}) {
-      EXPECT_LE(field(rank_part, "comm_wait_ms"), field(rank_part, "backward_ms")) << line;
+    for (const Json& rank : line["ranks"]) {
+      EXPECT_LE(number(rank, "comm_wait_ms"), number(rank, "backward_ms")) << line.dump();
     }
   }
 }

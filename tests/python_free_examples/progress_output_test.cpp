@@ -1,7 +1,11 @@
 // The examples' progress output, their stdout a pipe (run::Progress itself: tests/run/progress_test.cpp).
+#include <signal.h>
+#include <sys/stat.h>
+
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "python_free_examples/example_process.h"
@@ -33,5 +37,54 @@ TEST(ProgressOutputTest, AnExampleWritingToAPipePrintsPlainLines) {
   EXPECT_EQ(silent.out.find(" step "), std::string::npos) << silent.out;
   EXPECT_NE(silent.out.find("test accuracy"), std::string::npos) << silent.out;
 }
+
+// What a log needs reaches it at once (issue 39): an example whose stdout is a file (a log, a cluster's output file)
+// has its header and each "saved ..." line in the file while it runs, not at the next progress tick or at exit, and a
+// SIGTERM loses none of them. `launcher` non-empty: the example runs under it with 2 processes, their stdout a pipe to
+// the launcher, and the launcher is the one terminated.
+void expect_log_lines_reach_the_file_at_once(const std::vector<std::string>& launcher, const char* example,
+                                             const std::string& saved_line) {
+  example_test::Scratch scratch;
+  const std::string log = scratch.file("run.log");
+  const std::string dir = scratch.file("checkpoints");
+  const auto checkpoint = [&](int step) { return dir + "/step-" + fmt::format("{:012d}", step) + ".pt"; };
+  // The shell's only part is the redirection: exec replaces it, so the pid below is the program's (or launcher's).
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >" + log};
+  argv.insert(argv.end(), launcher.begin(), launcher.end());
+  argv.insert(argv.end(),
+              {example, "--synthetic", "--limit-train", "4096", "--batch-size", "32", "--epochs", "20", "--device",
+               "cpu", "--checkpoint-dir", dir, "--save-every", "2", "--keep-last", "1000", "--progress-every", "1000"});
+  std::string mid_run;  // the log when the step-4 checkpoint appeared: the step-2 save's line must be in it
+  bool terminated = false;
+  const example_test::ProcessResult run = example_test::run_process(argv, {}, RLIM_INFINITY, 120, [&](pid_t pid) {
+    struct stat info {};
+    if (terminated || ::stat(checkpoint(4).c_str(), &info) != 0) return;
+    mid_run = example_test::read_file(log);
+    terminated = ::kill(pid, SIGTERM) == 0;
+  });
+  ASSERT_TRUE(terminated) << run.describe();
+  EXPECT_NE(mid_run.find("training samples"), std::string::npos) << "the header, mid-run:\n" << mid_run;
+  EXPECT_NE(mid_run.find(saved_line + checkpoint(2) + "\n"), std::string::npos) << "the step-2 save's line, mid-run:\n"
+                                                                                << mid_run;
+  // After the SIGTERM: a line for every save but the newest (killed between its rename and its line, maybe).
+  const std::string after = example_test::read_file(log);
+  const std::vector<std::string> saved = example_test::folder_entries(dir);
+  ASSERT_GE(saved.size(), 2u) << after;
+  for (size_t i = 0; i + 1 < saved.size(); ++i) {
+    EXPECT_NE(after.find(saved_line + dir + "/" + saved[i] + "\n"), std::string::npos) << saved[i] << ":\n" << after;
+  }
+}
+
+TEST(LogLinesTest, AProgramWritingToAFileHasEveryLineThereAtOnceAndAfterSigterm) {
+  expect_log_lines_reach_the_file_at_once({}, LTA_EXAMPLE_TRAIN_FASHION_MNIST,
+                                          "saved model, optimizer and training position to ");
+}
+
+#ifdef LTA_DDP_LAUNCH
+TEST(LogLinesTest, WorkersUnderTheLauncherLoseNoLineToItsSigterm) {
+  expect_log_lines_reach_the_file_at_once({LTA_DDP_LAUNCH, "--nproc-per-node", "2", "--master-port", "0"},
+                                          LTA_EXAMPLE_DDP_LAUNCH, "saved model, optimizer and training position to ");
+}
+#endif
 
 }  // namespace

@@ -2,7 +2,6 @@
 // the report, a resumed run's step numbers and appended metrics, and misuse.
 #include <cstdio>
 #include <limits>
-#include <regex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -11,16 +10,14 @@
 #include <torch/torch.h>
 
 #include <run/monitor.h>
+#include "json_lines.h"
 #include "python_free_examples/example_process.h"
 
 namespace {
 
-double field(const std::string& line, const std::string& key) {
-  const std::regex pattern("\"" + key + "\": (-?[0-9][0-9.e+-]*)");
-  std::smatch match;
-  if (!std::regex_search(line, match, pattern)) return std::numeric_limits<double>::quiet_NaN();
-  return std::stod(match[1]);
-}
+using test_json::Json;
+using test_json::lines_of_type;
+using test_json::number;
 
 std::string text_of(std::FILE* file) {
   std::fflush(file);
@@ -78,15 +75,16 @@ TEST(MonitorTest, ALoopOfItsOwnGetsProgressMetricsAndReport) {
   EXPECT_EQ(progress[9].rfind("epoch 2/2 step 5/5 mean loss 8.0000 | ", 0), 0u) << progress[9];  // steps 6..10
 
   std::vector<double> steps, epochs;
-  for (const auto& line : example_test::lines_of(example_test::read_file(options.observe.metrics))) {
-    if (line.rfind("{\"type\": \"step\"", 0) == 0) {
-      steps.push_back(field(line, "step"));
-      EXPECT_EQ(field(line, "loss"), field(line, "step")) << line;
-      EXPECT_EQ(field(line, "lr"), 0.5) << line;
-      EXPECT_EQ(field(line, "samples_per_s") > 0, true) << line;
+  for (const Json& line : lines_of_type(example_test::read_file(options.observe.metrics))) {
+    if (line["type"] == "step") {
+      steps.push_back(number(line, "step"));
+      EXPECT_EQ(number(line, "loss"), number(line, "step")) << line.dump();
+      EXPECT_EQ(number(line, "lr"), 0.5) << line.dump();
+      EXPECT_GT(number(line, "samples_per_s"), 0) << line.dump();
     } else {
-      epochs.push_back(field(line, "mean_loss"));
-      EXPECT_EQ(field(line, "test_accuracy"), field(line, "epoch") / 10.0) << line;
+      EXPECT_EQ(line["type"], "epoch") << line.dump();
+      epochs.push_back(number(line, "mean_loss"));
+      EXPECT_EQ(number(line, "test_accuracy"), number(line, "epoch") / 10.0) << line.dump();
     }
   }
   EXPECT_EQ(steps, (std::vector<double>{2, 4, 6, 8, 10}));
@@ -131,8 +129,8 @@ TEST(MonitorTest, AResumedRunNumbersItsStepsOnAndAppendsToItsMetrics) {
     train(monitor, 2, 2, /*first_batch=*/2);
   }
   std::vector<double> steps;
-  for (const auto& line : example_test::lines_of(example_test::read_file(options.observe.metrics))) {
-    steps.push_back(field(line, "step"));
+  for (const Json& line : lines_of_type(example_test::read_file(options.observe.metrics))) {
+    steps.push_back(number(line, "step"));
   }
   // Steps 2, 4, 6 and the first run's last (7), epoch 1 (at step 5), then 8, 10 and epoch 2 (at step 10).
   EXPECT_EQ(steps, (std::vector<double>{2, 4, 5, 6, 7, 8, 10, 10}));
