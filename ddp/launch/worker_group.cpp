@@ -186,7 +186,7 @@ void WorkerGroup::add(int rank, int local_rank, pid_t pid, int message_fd, int o
     if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   }
   Worker w{rank, local_rank, pid,   message_fd,   output_fd,    error_file, "", "",
-           true, false,      false, std::nullopt, std::nullopt, "",         {}};
+           true, false,      false, std::nullopt, std::nullopt, "",         {}, ""};
   workers_.push_back(std::move(w));
 }
 
@@ -223,6 +223,24 @@ std::string WorkerGroup::read_message(Worker& w) {
   return message;
 }
 
+void WorkerGroup::take_line(Worker& w, const std::string& line) {
+  // An exception nothing caught ends in std::terminate, which prints "terminate called after throwing an instance of
+  // 'T'" and "  what():  <message>"; c10::Error's message goes on with its backtrace. The message is the error, not
+  // the backtrace's last frame.
+  const size_t start = line.find_first_not_of(" \t");
+  const std::string what = "what():";
+  if (line.compare(start, what.size(), what) == 0) {
+    const size_t text = line.find_first_not_of(" \t", start + what.size());
+    w.uncaught = text == std::string::npos ? std::string() : line.substr(text);
+  } else if (!w.uncaught.empty() &&
+             (line.rfind("frame #", start) == start || line.rfind("Exception raised from ", start) == start ||
+              line.rfind("<omitting python frames>", start) == start)) {
+    return;
+  }
+  w.last_line = line;
+  w.last_line_at = std::chrono::steady_clock::now();
+}
+
 void WorkerGroup::drain_output(Worker& w, int forward_fd, bool final) {
   if (w.output_fd < 0) return;
   char buffer[4096];
@@ -242,10 +260,7 @@ void WorkerGroup::drain_output(Worker& w, int forward_fd, bool final) {
       for (size_t from = 0; from <= end;) {
         const size_t newline = w.partial_line.find('\n', from);
         const std::string line = trimmed(w.partial_line.substr(from, newline - from));
-        if (!line.empty()) {
-          w.last_line = line;
-          w.last_line_at = std::chrono::steady_clock::now();
-        }
+        if (!line.empty()) take_line(w, line);
         from = newline + 1;
       }
       w.partial_line.erase(0, end + 1);
@@ -259,10 +274,7 @@ void WorkerGroup::drain_output(Worker& w, int forward_fd, bool final) {
   if (ended) w.output_closed = std::chrono::steady_clock::now();
   if (!w.partial_line.empty()) {  // a last line without its newline
     const std::string line = trimmed(w.partial_line);
-    if (!line.empty()) {
-      w.last_line = line;
-      w.last_line_at = std::chrono::steady_clock::now();
-    }
+    if (!line.empty()) take_line(w, line);
     w.partial_line += '\n';
     write_all(forward_fd, w.partial_line.data(), w.partial_line.size());
     w.partial_line.clear();
@@ -300,6 +312,7 @@ WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
   exit.wait_status = status;
   exit.message = read_message(w);
   while (!exit.message.empty() && (exit.message.back() == '\n' || exit.message.back() == '\r')) exit.message.pop_back();
+  if (exit.message.empty()) exit.message = w.uncaught;  // the uncaught exception's message is the error
   exit.last_line = w.last_line;
   // Ended by the group's signal; one that failed on its own meanwhile (its error came first) is not "stopped".
   exit.stopped_by_group = w.signalled && WIFSIGNALED(status) && w.hang.empty();

@@ -128,7 +128,12 @@ class WorkerGroup {
     std::optional<std::chrono::steady_clock::time_point> last_line_at;   // when its last non-empty line came
     std::string hang;                                                    // set when hang detection stopped it
     std::chrono::steady_clock::time_point hang_last_progress{};          // (hung) its last progress, for the order
+    /// The message of an exception nothing caught (std::terminate's "  what():  <message>" line), else empty.
+    std::string uncaught;
   };
+  /// Takes one non-empty line of `w`'s stderr: its last line, unless the line is part of the backtrace that follows
+  /// an uncaught exception's "what():" (c10::Error's "Exception raised from ...", "frame #N: ...").
+  static void take_line(Worker& w, const std::string& line);
   /// Reaps `w` if it has exited (or blocks for it when `block`); returns its status when reaped.
   std::optional<int> reap(Worker& w, bool block);
   std::string read_message(Worker& w);

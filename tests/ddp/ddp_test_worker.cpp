@@ -18,6 +18,8 @@
 //                                                  [--fail-attempts K]: only while TORCHELASTIC_RESTART_COUNT < K
 //                                                  (later attempts pass a barrier and exit 0);
 //                                                  [--error-file-only 1]: M goes to the error file, not stderr
+//   ddp_test_worker throw --message M              throws a c10::Error with M that nothing catches (std::terminate
+//                                                  prints it and its backtrace to stderr; the process aborts)
 //   ddp_test_worker compare A B                     exits 0 when the parameter files A and B hold equal tensors
 //
 // The timeouts are the launcher's (DDP_*_TIMEOUT_S) when it sets them, else kTimeout.
@@ -157,6 +159,9 @@ void train(const ddp::ProcessGroup& pg, int steps, const std::string& out, std::
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "throw") {  // outside the try below: nothing catches it
+    TORCH_CHECK(false, arg_value(argc, argv, "--message", "uncaught"));
+  }
   try {
     // The mode is the first argument that is not the launcher's --local-rank=N.
     std::string mode;

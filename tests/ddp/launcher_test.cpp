@@ -450,6 +450,22 @@ void expect_first_failure_is_the_root_cause(int exit_delay_ms) {
   EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
 }
 
+// A program of the user's own that dies of an exception nothing caught (no run_main, no error file): the root cause
+// is the exception's message, not the last frame of the backtrace std::terminate prints after it (issue 39).
+TEST(DdpLaunchTest, AnUncaughtExceptionsMessageIsTheRootCauseNotItsBacktrace) {
+  Process launch(kLaunch + " --nproc-per-node 1 --master-port 0 " + kWorker +
+                 " throw --message \"backend 'nccl' needs a CUDA device\"");
+  EXPECT_NE(exit_code(launch.wait(kLimit)), 0) << launch.output();
+  const std::string out = launch.output();
+  EXPECT_TRUE(
+      std::regex_search(line_with(out, "rank 0 (local rank 0"),
+                        std::regex("rank 0 \\(local rank 0, pid [0-9]+\\) was killed by signal 6 \\(Aborted\\): "
+                                   "backend 'nccl' needs a CUDA device$")))
+      << out;
+  EXPECT_NE(out.find("frame #"), std::string::npos) << "the backtrace itself still passes through: " << out;
+  EXPECT_EQ(line_with(out, "rank 0 (local rank 0").find("frame #"), std::string::npos) << out;
+}
+
 TEST(DdpLaunchTest, TheFirstFailureIsTheRootCauseWithItsLastLineAndTheOthersFollow) {
   LTA_REQUIRE_GLOO();
   expect_first_failure_is_the_root_cause(0);
