@@ -11,11 +11,26 @@ if(CUDA_ARCHS)  # a CPU-only build has none, and CMake refuses an empty CMAKE_CU
   set(arch_args "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS}")
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
-                        "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix;${TORCH_PREFIX}" ${arch_args}
+                        "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" ${arch_args}
                         -DCMAKE_BUILD_TYPE=Release
-                RESULT_VARIABLE rc OUTPUT_QUIET)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "configuring the consumer project failed (${rc})")
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)  # the install prefix alone: the package finds the LibTorch it was built against by itself
+  message(FATAL_ERROR "configuring the consumer project with only the install prefix failed (${rc}): ${err}")
+endif()
+# That LibTorch gone (the package's record of it pointed elsewhere, in a copy): one line that says what to pass.
+file(COPY "${WORK_DIR}/prefix/lib/cmake/libtorch_amp" DESTINATION "${WORK_DIR}/moved/lib/cmake")
+file(READ "${WORK_DIR}/moved/lib/cmake/libtorch_amp/libtorch_ampConfig.cmake" config)
+string(REGEX REPLACE "set\\(_lta_built_torch_root \"[^\"]*\"\\)" "set(_lta_built_torch_root \"${WORK_DIR}/gone\")"
+       moved_config "${config}")
+if(moved_config STREQUAL config)
+  message(FATAL_ERROR "the installed libtorch_ampConfig.cmake records no _lta_built_torch_root")
+endif()
+file(WRITE "${WORK_DIR}/moved/lib/cmake/libtorch_amp/libtorch_ampConfig.cmake" "${moved_config}")
+execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build-moved" -G "${GENERATOR}"
+                        "-DCMAKE_PREFIX_PATH=${WORK_DIR}/moved" ${arch_args}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "libtorch_amp: needs LibTorch [^\n]*${WORK_DIR}/gone, which holds none now\\)\\. Fix: [^\n]*site-packages/torch")
+  message(FATAL_ERROR "without its LibTorch the package did not say what to pass in one line (${rc}): ${err}")
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} --build "${WORK_DIR}/build" RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
