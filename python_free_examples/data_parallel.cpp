@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
     header.optimizer = examples::sgd_description();
     const std::string header_line = examples::run_header_line(flags, data, header);
     fmt::print("{}\n", header_line);
+    if (gpus == 0 && app.get_option("--output-device")->count() > 0) {  // a GPU's index, given where none is used
+      fmt::print("--output-device {}: no GPU is in use, so the outputs are gathered on the CPU\n", output_device);
+    }
     examples::SmallCnn net;
     net->to(device);
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(flags.lr).momentum(examples::kSgdMomentum));

@@ -73,6 +73,30 @@ TEST(DefaultLrTest, AdamWWithoutLrUsesItsOwnAndTrains) {
 }
 #endif
 
+// data_parallel --output-device names a GPU; on the CPU it is explained, not silently ignored (issue 39). Given where
+// there is a GPU, it is used (example.data_parallel tests); not given, nothing is said.
+TEST(OutputDeviceTest, OnTheCpuItIsExplainedNotIgnored) {
+  if (test_util::cuda_available()) GTEST_SKIP() << "the note is for a machine without a GPU in use";
+  const std::vector<std::string> quick = {LTA_EXAMPLE_DATA_PARALLEL,
+                                          "--synthetic",
+                                          "--limit-train",
+                                          "256",
+                                          "--batch-size",
+                                          "64",
+                                          "--device",
+                                          "cpu",
+                                          "--quiet"};
+  const std::string note = "--output-device 0: no GPU is in use, so the outputs are gathered on the CPU\n";
+  std::vector<std::string> given = quick;
+  given.insert(given.end(), {"--output-device", "0"});
+  const ProcessResult with_flag = example_test::run_process(given);
+  ASSERT_EQ(with_flag.exit_code(), 0) << with_flag.describe();
+  EXPECT_NE(with_flag.out.find(note), std::string::npos) << with_flag.out;
+  const ProcessResult without = example_test::run_process(quick);
+  ASSERT_EQ(without.exit_code(), 0) << without.describe();
+  EXPECT_EQ(without.out.find("--output-device"), std::string::npos) << without.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Examples, ExampleHelpTest,
     ::testing::Values(ExampleHelp{"TrainFashionMnist", LTA_EXAMPLE_TRAIN_FASHION_MNIST, {}},
