@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) init.cuda_device(device.index());
     ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
     const examples::Rank rank{group.rank(), group.size()};
+    // The ranks' gradients are allreduced, so they overflow alike: rank 0's overflow lines speak for all.
+    if (rank.rank != 0) optimizer.set_overflow_logger([](const std::string&) {});
     // Every rank refuses a global batch that does not split among the processes, before any collective (else rank 0
     // alone would, and the others would fail in the model's broadcast).
     run::DistributedSampler sampler = examples::sampler_from(flags, train_samples, rank);

@@ -3,6 +3,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -112,6 +113,23 @@ void spawn(int nprocs, const std::function<void(int local_rank, int nprocs)>& fn
   const auto failures = group.wait(options.kill_grace());
   if (failures.empty()) return;
   const detail::WorkerExit& root = failures.front();
+  // Every rank failed alike on its own (a bad flag or file each rank reads): one mention of the error, every rank
+  // named, no root cause picked among equals.
+  const bool alike = failures.size() > 1 && std::all_of(failures.begin(), failures.end(), [&](const auto& f) {
+                       return !f.stopped_by_group && f.wait_status == root.wait_status && f.message == root.message;
+                     });
+  if (alike) {
+    std::vector<const detail::WorkerExit*> by_rank;
+    for (const auto& f : failures) by_rank.push_back(&f);
+    std::sort(by_rank.begin(), by_rank.end(), [](const auto* a, const auto* b) { return a->rank < b->rank; });
+    std::string ranks, pids;
+    for (const auto* f : by_rank) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(f->rank);
+      pids += (pids.empty() ? "" : ", ") + std::to_string(f->pid);
+    }
+    TORCH_CHECK(false, "ddp::spawn: ranks ", ranks, " of ", nprocs, " (pids ", pids, ") ",
+                detail::describe_status(root.wait_status), root.message.empty() ? std::string() : ": " + root.message);
+  }
   std::string consequences;
   for (size_t i = 1; i < failures.size(); ++i) {
     const detail::WorkerExit& f = failures[i];

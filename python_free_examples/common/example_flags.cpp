@@ -412,9 +412,10 @@ int run_main(const char* program, const std::function<void()>& body) {
   } catch (const std::exception& e) {
     error = one_line(e.what());
   }
-  // For the launcher's root-cause line (TORCHELASTIC_ERROR_FILE), before the line to stderr: a pipe may lose it.
-  ddp::record_error(error);
-  std::fprintf(stderr, "%s: %s\n", program, error.c_str());
+  // Under a launcher (ddp-launch, torchrun: TORCHELASTIC_ERROR_FILE) the error goes to the launcher, which prints it
+  // once in its summary, naming every rank that failed with it: an error each rank hits alike (a bad flag, a bad
+  // --resume) is one line, not one per rank and the launcher's again. Run directly, the program prints it.
+  if (!ddp::record_error(error)) std::fprintf(stderr, "%s: %s\n", program, error.c_str());
   return 1;
 }
 

@@ -53,6 +53,16 @@ TEST(SpawnTest, AnExceptionInOneWorkerNamesItsRankAndStopsTheOthers) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+// An error every rank hits alike (a bad flag, a damaged --resume each rank reads) is said once, every rank named.
+TEST(SpawnTest, AnErrorEveryRankHitsAlikeIsSaidOnceNamingEveryRank) {
+  const std::string message = error_of([] {
+    ddp::spawn(2, [](int, int) { throw std::runtime_error("--resume 'x.pt': cannot read it as a checkpoint"); });
+  });
+  EXPECT_TRUE(contains_all(message, {"ddp::spawn: ranks 0, 1 of 2 (pids ", ") exited with code 1: --resume 'x.pt'"}))
+      << message;
+  EXPECT_EQ(message.find("cannot read"), message.rfind("cannot read")) << "said once: " << message;
+}
+
 TEST(SpawnTest, ExitCodesAndSignalsAreReported) {
   EXPECT_TRUE(contains_all(error_of([] {
                              ddp::spawn(2, [](int local_rank, int) {

@@ -2,6 +2,7 @@
 // a damaged --resume file, a device that is not there. Each must end with a non-zero exit and one printable
 // line on stderr that names the flag or file, no LibTorch backtrace, and nothing changed on disk.
 #include <algorithm>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -302,6 +303,28 @@ TEST_P(BadInputTest, IsOneLineNamingItNonZeroExitAndNothingWritten) {
     EXPECT_EQ(example_test::folder_entries(scratch.path()), entries_before) << "files were added or removed";
   }
 }
+
+#ifdef LTA_DDP_LAUNCH
+// Under a launcher an error every rank hits alike is said once (issue 39): each rank hands it to the launcher
+// (TORCHELASTIC_ERROR_FILE), which prints one line naming the ranks; before, each rank printed it and the launcher
+// again (three copies with 2 ranks).
+TEST(BadInputUnderLauncherTest, AnErrorEveryRankHitsIsOneLineNamingTheRanks) {
+  example_test::Scratch scratch;
+  const std::string resume = scratch.file("damaged.pt");
+  example_test::write_file(resume, "not a checkpoint");
+  for (const char* program : {LTA_EXAMPLE_AMP_DDP, LTA_EXAMPLE_DDP_LAUNCH}) {
+    const ProcessResult r = example_test::run_process({LTA_DDP_LAUNCH, "--nproc-per-node", "2", "--master-port", "0",
+                                                       program, "--synthetic", "--device", "cpu", "--resume", resume});
+    SCOPED_TRACE(program);
+    EXPECT_EQ(r.exit_code(), 1) << r.describe();
+    EXPECT_EQ(count_of(r.err, "cannot read it as a checkpoint"), 1u) << r.describe();
+    EXPECT_TRUE(std::regex_search(r.err, std::regex("^ddp-launch: ranks 0-1 \\(local ranks 0-1, pids [0-9]+, [0-9]+\\) "
+                                                    "exited with code 1: --resume '[^']+': cannot read it as a "
+                                                    "checkpoint")))
+        << r.describe();
+  }
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Examples, BadInputTest, ::testing::ValuesIn(all_examples()),
                          [](const ::testing::TestParamInfo<Example>& info) { return info.param.name; });

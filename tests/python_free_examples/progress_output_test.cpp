@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,25 @@ TEST(LogLinesTest, AProgramWritingToAFileHasEveryLineThereAtOnceAndAfterSigterm)
 TEST(LogLinesTest, WorkersUnderTheLauncherLoseNoLineToItsSigterm) {
   expect_log_lines_reach_the_file_at_once({LTA_DDP_LAUNCH, "--nproc-per-node", "2", "--master-port", "0"},
                                           LTA_EXAMPLE_DDP_LAUNCH, "saved model, optimizer and training position to ");
+}
+
+// amp's overflow lines: the ranks' gradients are allreduced, so they overflow alike and rank 0 reports for all; before,
+// each rank printed each line.
+TEST(LogLinesTest, AnOverflowEveryRankSeesIsReportedOnce) {
+  const example_test::ProcessResult run =
+      example_test::run_process({LTA_DDP_LAUNCH, "--nproc-per-node", "2", "--master-port", "0", LTA_EXAMPLE_AMP_DDP,
+                                 "--synthetic", "--limit-train", "512", "--batch-size", "64", "--device", "cpu",
+                                 "--dtype", "fp16", "--opt-level", "O2", "--quiet"});
+  ASSERT_EQ(run.exit_code(), 0) << run.describe();
+  std::vector<std::string> overflows;
+  for (const std::string& line : lines_of(run.err)) {
+    if (line.rfind("amp: gradient overflow at step ", 0) == 0) overflows.push_back(line);
+  }
+  ASSERT_FALSE(overflows.empty()) << "fp16 from a loss scale of 65536 overflows in its first steps\n" << run.describe();
+  std::vector<std::string> unique = overflows;
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  EXPECT_EQ(unique.size(), overflows.size()) << "each overflow once:\n" << run.err;
 }
 #endif
 
