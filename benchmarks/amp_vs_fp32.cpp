@@ -325,7 +325,7 @@ struct Flags {
   bool no_torch_peer = false;
   std::string report;  // empty: <out_dir>/amp_vs_fp32.html
   std::string metrics;
-  std::optional<int64_t> metrics_every;  // default 10
+  std::optional<int64_t> metrics_every;  // default: run::default_metrics_every of each run's steps
   int64_t rounds = 8;
   int threads = 0;  // > 0: intra-op threads (ours and the peer's)
 };
@@ -539,7 +539,8 @@ int main(int argc, char** argv) {
       "--metrics", flags.metrics,
       "Also write every run's losses and figures here as JSON lines (after the runs: docs/observability.md)");
   app.add_option("--metrics-every", flags.metrics_every,
-                 "A --metrics step line every this many steps (default 10) and at each run's last");
+                 "A --metrics step line every this many steps and at each run's last; auto: about 100 per run")
+      ->default_str("auto");
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
   try {
@@ -578,8 +579,7 @@ int main(int argc, char** argv) {
     bench::write_json_and_csv(flags.out_dir, context, results);
     const std::string plot = bench::write_plot(flags.out_dir, context, results);
     amp::write_file_atomically(report_path, bench::report_html(context, results));
-    if (!flags.metrics.empty())
-      bench::write_metrics_lines(flags.metrics, results, flags.metrics_every.value_or(run::kDefaultMetricsEverySteps));
+    if (!flags.metrics.empty()) bench::write_metrics_lines(flags.metrics, results, flags.metrics_every);
     fmt::print("\nresults: {0}/amp_vs_fp32.json, {0}/amp_vs_fp32.csv; {1}; report: {2}{3}\n\n{4}\n", flags.out_dir,
                plot, report_path, flags.metrics.empty() ? "" : "; metrics: " + flags.metrics, kLegend);
     fmt::print("{}", bench::format_table(results));

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   examples::add_local_rank_flag(app, amp_flags.local_rank);
   app.add_option("--opt-level", amp_flags.opt_level, "O0 (fp32), O1 (autocast), O2 (half model, fp32 masters), O3")
       ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}));
-  app.add_option("--dtype", amp_flags.dtype, "Half dtype: fp16, bf16 or auto")
+  app.add_option("--dtype", amp_flags.dtype, "Half dtype: fp16, bf16, or auto: fp16 on CUDA, bf16 on the CPU")
       ->check(CLI::IsMember({"auto", "fp16", "bf16"}));
   app.add_option("--optimizer", amp_flags.optimizer, "amp::FusedSGD (sgd) or amp::FusedAdamW (adamw)")
       ->check(CLI::IsMember({"sgd", "adamw"}));

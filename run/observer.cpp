@@ -115,6 +115,10 @@ std::optional<ddp::TimelineWindow> timeline_window(const ObserveOptions& options
   return ddp::TimelineWindow{first_step + skip, first_step + skip + length - 1};
 }
 
+int64_t default_metrics_every(int64_t last_step) {
+  return std::max<int64_t>(1, (last_step + kLoggedStepsPerRun - 1) / kLoggedStepsPerRun);
+}
+
 RunObserver::RunObserver(const ObserveOptions& options, int rank, int world_size, const torch::Device& device,
                          ObservedRun run, int64_t first_step, int64_t last_step)
     : options_(options),
@@ -124,7 +128,7 @@ RunObserver::RunObserver(const ObserveOptions& options, int rank, int world_size
       run_(std::move(run)),
       first_step_(first_step),
       last_step_(last_step),
-      metrics_every_(options.metrics_every.value_or(kDefaultMetricsEverySteps)) {
+      metrics_every_(options.metrics_every.value_or(default_metrics_every(last_step))) {
   if (const auto window = timeline_window(options, first_step, last_step)) {
     timeline_ = std::make_shared<ddp::Timeline>(*window);
     if (run_.ddp != nullptr) run_.ddp->set_timeline(timeline_);

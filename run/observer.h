@@ -24,7 +24,7 @@ namespace run {
 /// --metrics-every, --report, --timeline, --timeline-steps), one per field.
 struct ObserveOptions {
   std::string metrics;                   // --metrics: JSON lines, rank 0; empty: none
-  std::optional<int64_t> metrics_every;  // --metrics-every: log every this many steps of the run (default 10)
+  std::optional<int64_t> metrics_every;  // --metrics-every: log every this many steps (default_metrics_every)
   std::string report;                    // --report: the HTML report, rank 0; empty: none
   std::string timeline;                  // --timeline: Chrome trace JSON of the window, rank 0; empty: none
   std::string timeline_steps;  // --timeline-steps "A:B" (steps of the run, inclusive) or "A"; empty: the default
@@ -35,8 +35,13 @@ struct ObserveOptions {
 /// writable, and it is not a folder nor an existing file this process may not write. An empty path passes.
 void check_output_path(const char* flag, const std::string& path);
 
-/// --metrics-every's default: a logged step every 10 steps.
-constexpr int64_t kDefaultMetricsEverySteps = 10;
+/// --metrics-every's default aims at this many logged steps in a run, so that the report's curves have enough points
+/// for a short run and not too many for a long one.
+constexpr int64_t kLoggedStepsPerRun = 100;
+/// --metrics-every's default for a run whose last step is `last_step` (counted from the run's start, so that a
+/// resumed run logs the steps the unbroken one logs): last_step / kLoggedStepsPerRun rounded up, at least 1. A run of
+/// 16 steps logs each, one of 1000 every 10th, one of 100000 every 1000th.
+int64_t default_metrics_every(int64_t last_step);
 
 /// Checks ObserveOptions before anything runs: each file can be written (check_output_path), --metrics-every positive
 /// and only with --metrics or --report, --timeline-steps of the form A or A:B with 1 <= A <= B, at most

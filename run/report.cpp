@@ -76,11 +76,21 @@ std::string number_text(double v) {
 }
 
 /// The event colors of the Gantt chart, by what the event is.
+/// What the timeline draws, in the legend's order: the name a reader sees and the color (event_color's).
+struct TimelineKind {
+  const char* label;
+  const char* color;
+};
+constexpr TimelineKind kTimelineKinds[] = {
+    {"forward", "#1f77b4"},        {"backward", "#ff7f0e"},     {"backward's wait for the allreduces", "#4d4d4d"},
+    {"optimizer step", "#2ca02c"}, {"bucket ready", "#000000"}, {"allreduce", "#9467bd"},
+    {"amp unscale", "#d62728"}};
+
 std::string event_color(const ddp::TimelineEvent& e) {
   if (e.name == "forward") return "#1f77b4";
   if (e.name == "backward") return "#ff7f0e";
   if (e.name == "optimizer step") return "#2ca02c";
-  if (e.name == ddp::kAllreduceWaitEvent) return "#7f7f7f";
+  if (e.name == ddp::kAllreduceWaitEvent) return "#4d4d4d";  // dark: a thin band inside backward
   if (e.lane == "comm") return "#9467bd";
   if (e.lane == "amp") return "#d62728";
   return "#000000";
@@ -239,6 +249,8 @@ std::string timeline_svg(const std::string& id, const std::vector<std::vector<dd
   constexpr double kLaneHeight = 16;
   constexpr double kRankGap = 10;
   constexpr double kLabelWidth = 110;
+  constexpr double kMinEventWidth = 3;
+  constexpr double kLegendRow = 18;
   double t0 = 0, t1 = 0;
   bool any = false;
   for (const auto& events : per_rank) {
@@ -262,6 +274,28 @@ std::string timeline_svg(const std::string& id, const std::vector<std::vector<dd
   }
   height += 30;
   const double width = kChartWidth + kMarginRight;
+  // The legend: a swatch and a name for each kind drawn, in rows under the axis.
+  std::vector<const TimelineKind*> shown;
+  for (const TimelineKind& kind : kTimelineKinds) {
+    const bool drawn = std::any_of(per_rank.begin(), per_rank.end(), [&](const auto& events) {
+      return std::any_of(events.begin(), events.end(),
+                         [&](const ddp::TimelineEvent& e) { return event_color(e) == kind.color; });
+    });
+    if (drawn) shown.push_back(&kind);
+  }
+  std::vector<std::pair<double, double>> legend_at;  // x, row of each shown kind
+  double legend_x = kLabelWidth;
+  double legend_rows = shown.empty() ? 0 : 1;
+  for (const TimelineKind* kind : shown) {
+    const double item = 18 + 6.2 * static_cast<double>(std::string(kind->label).size()) + 16;
+    if (legend_x + item > width && legend_x > kLabelWidth) {
+      legend_x = kLabelWidth;
+      ++legend_rows;
+    }
+    legend_at.emplace_back(legend_x, legend_rows - 1);
+    legend_x += item;
+  }
+  height += kLegendRow * legend_rows;
   const auto px = [&](double us) { return kLabelWidth + (us - t0) / (t1 - t0) * plot_w; };
   std::string svg = fmt::format(
       "<svg id=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{:.0f}\" viewBox=\"0 0 {} {:.0f}\" "
@@ -274,8 +308,8 @@ std::string timeline_svg(const std::string& id, const std::vector<std::vector<dd
       for (const ddp::TimelineEvent& e : per_rank[r]) {
         if (e.lane != lane) continue;
         const double x0 = px(e.start_us);
-        const double w = std::max(1.0, px(e.end_us) - x0);
-        const double inset = e.name == ddp::kAllreduceWaitEvent ? 4 : 1;  // drawn inside the backward it is part of
+        const double w = std::max(kMinEventWidth, px(e.end_us) - x0);     // a short step still shows
+        const double inset = e.name == ddp::kAllreduceWaitEvent ? 3 : 1;  // drawn inside the backward it is part of
         svg += fmt::format(
             "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\" opacity=\"0.85\"><title>{} "
             "(step {}): {:.3f} ms at {:.3f} ms</title></rect>\n",
@@ -293,6 +327,15 @@ std::string timeline_svg(const std::string& id, const std::vector<std::vector<dd
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"{}\">{} ms</text>\n", x, y + 12,
                        anchor, number_text(ms));
   }
+  svg += fmt::format("<g id=\"{}-legend\">\n", id);
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const double ly = y + 22 + kLegendRow * legend_at[i].second;
+    svg += fmt::format(
+        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1f}\" y=\"{:.1f}\" "
+        "font-size=\"11\">{}</text>\n",
+        legend_at[i].first, ly, shown[i]->color, legend_at[i].first + 16, ly + 10, html_escape(shown[i]->label));
+  }
+  svg += "</g>\n";
   if (!any) svg += "<text x=\"200\" y=\"30\" font-size=\"12\">no events recorded</text>\n";
   return svg + "</svg>\n";
 }
@@ -365,7 +408,13 @@ std::string summary_table(const RunReport& report) {
         "<h3>Per rank (mean over logged steps, ms)</h3>\n<table id=\"ranks\">\n<tr><th>rank</th><th>step</th>"
         "<th>forward</th><th>backward</th><th>optimizer</th><th>comm wait</th><th>allreduce hidden behind "
         "backward</th></tr>\n" +
-        rank_rows + "</table>\n";
+        rank_rows + "</table>\n" +
+        "<p id=\"overlap-note\">Allreduce hidden behind backward: of the time a rank's allreduces ran in the "
+        "timeline's steps, the share that ran while its backward was still computing gradients (DDP starts a bucket's "
+        "allreduce as soon as the bucket is ready); the rest the rank spent waiting after backward (comm wait). An "
+        "allreduce is one collective for all ranks, so the shares differ by rank: a rank whose backward ends later "
+        "(slower, or with more to do) finds more of it already done, and a rank that ends first waits for the "
+        "others. '-' where the timeline has no allreduce of that rank.</p>\n";
   }
   return out;
 }
@@ -425,9 +474,9 @@ std::string report_html(const RunReport& report) {
       }
     }
     body += "<h2>Timeline</h2>\n" +
-            figure(fmt::format("Steps {}..{} per rank: forward (blue), backward (orange) with its wait for the "
-                               "allreduces (gray, inside), optimizer step (green); buckets becoming ready (ticks), "
-                               "allreduces (purple), amp's unscale of each bucket (red). Hover for times.",
+            figure(fmt::format("Steps {}..{} per rank, each lane a row: the loop's phases (step), each gradient "
+                               "bucket becoming ready (buckets), its allreduce (comm) and amp's unscale of it (amp); "
+                               "backward's wait for the allreduces is the dark band inside backward. Hover for times.",
                                first, last),
                    timeline_svg("fig-timeline", report.timeline));
   }

@@ -24,11 +24,12 @@ inline std::string option_help(const std::string& help, const std::string& optio
       found += "\n" + line;
       continue;
     }
-    const size_t at = line.find(option);
-    const size_t after = at + option.size();
-    const bool named =
-        option_line && at != std::string::npos && (after == line.size() || line[after] == ' ' || line[after] == ',');
-    if (named) found = line;
+    if (!option_line) continue;
+    // One of the line's names ("-h,--help", "--nproc-per-node,--nproc_per_node"), not a mention in a description.
+    std::istringstream names(line.substr(text_at, line.find(' ', text_at) - text_at));
+    for (std::string name; std::getline(names, name, ',');) {
+      if (name == option) found = line;
+    }
   }
   return found;
 }

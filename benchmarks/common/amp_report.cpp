@@ -13,6 +13,7 @@
 #include <ddp/json.h>
 #include <fmt/format.h>
 
+#include <run/observer.h>
 #include <run/report.h>
 
 namespace bench {
@@ -283,13 +284,15 @@ std::string report_html(const RunContext& context, const std::vector<RunResult>&
   return run::html_page("AMP vs FP32", body);
 }
 
-void write_metrics_lines(const std::string& path, const std::vector<RunResult>& runs, int64_t every_steps) {
+void write_metrics_lines(const std::string& path, const std::vector<RunResult>& runs,
+                         std::optional<int64_t> every_steps) {
   std::string lines;
   for (const auto& run : runs) {
     if (!run.ok()) continue;
+    const int64_t every = every_steps.value_or(run::default_metrics_every(static_cast<int64_t>(run.losses.size())));
     for (size_t s = 0; s < run.losses.size(); ++s) {
       const auto step = static_cast<int64_t>(s + 1);
-      if (step % every_steps != 0 && s + 1 != run.losses.size()) continue;
+      if (step % every != 0 && s + 1 != run.losses.size()) continue;
       lines += ddp::json_text({{"type", "step"},
                                {"model", run.model},
                                {"config", run.config},

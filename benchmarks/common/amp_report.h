@@ -61,9 +61,11 @@ std::string write_plot(const std::string& dir, const RunContext& context, const 
 /// id="fig-throughput-<model>"), written beside the PNG as amp_vs_fp32.html.
 std::string report_html(const RunContext& context, const std::vector<RunResult>& runs);
 
-/// --metrics: JSON lines, per completed run one {"type": "step", ...} line every `every_steps` steps (and the last)
-/// with its loss, then one {"type": "run", ...} line with its figures. Written after the runs (the timed steps record
-/// nothing on the host), atomically. Throws naming the path when it cannot be written.
-void write_metrics_lines(const std::string& path, const std::vector<RunResult>& runs, int64_t every_steps);
+/// --metrics: JSON lines, per completed run one {"type": "step", ...} line every `every_steps` steps (default:
+/// run::default_metrics_every of the run's steps) and at its last, with its loss, then one {"type": "run", ...} line
+/// with its figures. Written after the runs (the timed steps record nothing on the host), atomically. Throws naming the
+/// path when it cannot be written.
+void write_metrics_lines(const std::string& path, const std::vector<RunResult>& runs,
+                         std::optional<int64_t> every_steps);
 
 }  // namespace bench

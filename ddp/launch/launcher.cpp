@@ -20,7 +20,6 @@
 #include <thread>
 
 #include <c10/util/Exception.h>
-#include <CLI/CLI.hpp>
 
 #include <ddp/launch/error_file.h>
 #include <ddp/launch/health_watch.h>
@@ -40,10 +39,7 @@ namespace {
 constexpr int kExitNotFound = 127;       // the shell's code for "command not found" (POSIX)
 constexpr int kExitNotExecutable = 126;  // the shell's code for "found, but it cannot be executed" (POSIX)
 constexpr int kSignalExitBase = 128;     // the shell's convention for "ended by signal N"
-constexpr int kExitUsage = 2;            // CLI11's and most tools' code for a bad command line
-constexpr int kMaxPort = 65535;
-constexpr int kMaxRestarts = 1000000;  // more is a typo
-constexpr int kExitHung = 124;         // a worker hung (GNU timeout's code for "timed out"), not its SIGTERM's 143
+constexpr int kExitHung = 124;           // a worker hung (GNU timeout's code for "timed out"), not its SIGTERM's 143
 /// How long a node whose workers finished waits for the other nodes' (with --max-restarts) when no rendezvous
 /// timeout is given: the workers' own default rendezvous timeout.
 constexpr std::chrono::milliseconds kDefaultNodesDoneWait{600000};
@@ -87,31 +83,6 @@ class SignalForwarding {
   struct sigaction old_int_ {};
   struct sigaction old_term_ {};
 };
-
-void validate(const LaunchConfig& c) {
-  TORCH_CHECK(c.nproc_per_node >= 1, "--nproc-per-node must be a positive integer, got ", c.nproc_per_node);
-  TORCH_CHECK(c.nnodes >= 1, "--nnodes must be a positive integer, got ", c.nnodes);
-  TORCH_CHECK(!c.min_nodes || (*c.min_nodes >= 1 && *c.min_nodes <= c.nnodes),
-              "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", c.min_nodes.value_or(0), ":", c.nnodes);
-  TORCH_CHECK(c.rejoin_wait.count() >= 0, "--rejoin-wait-s must be a non-negative number of seconds");
-  TORCH_CHECK(c.node_rank >= 0 && c.node_rank < c.nnodes, "--node-rank must be in [0, ", c.nnodes, ") for --nnodes ",
-              c.nnodes, ", got ", c.node_rank);
-  TORCH_CHECK(c.master_port >= 0 && c.master_port <= kMaxPort, "--master-port must be in [0, ", kMaxPort, "], got ",
-              c.master_port);
-  TORCH_CHECK(c.master_port != 0 || c.nnodes == 1,
-              "--master-port 0 (pick a free port) works only with --nnodes 1: the other nodes must know the port");
-  TORCH_CHECK(!c.master_addr.empty(), "--master-addr is empty");
-  TORCH_CHECK(c.kill_grace.count() >= 0, "--kill-grace-s must be a non-negative number of seconds, got ",
-              c.kill_grace.count() / 1000.0);
-  TORCH_CHECK(!c.rendezvous_timeout || c.rendezvous_timeout->count() > 0,
-              "--rendezvous-timeout-s must be a positive number of seconds");
-  TORCH_CHECK(!c.collective_timeout || c.collective_timeout->count() > 0,
-              "--collective-timeout-s must be a positive number of seconds");
-  TORCH_CHECK(c.max_restarts >= 0, "--max-restarts must be a non-negative integer, got ", c.max_restarts);
-  TORCH_CHECK(c.hang_timeout.count() >= 0, "--hang-timeout-s must be a non-negative number of seconds, got ",
-              c.hang_timeout.count() / 1000.0);
-  TORCH_CHECK(!c.command.empty(), "no program given: ddp-launch [options] program [args...]");
-}
 
 /// Why `file` cannot be executed, as the end of "cannot run 'P': ..." with the shell's code; nullopt when it can.
 std::optional<ProgramProblem> why_not_runnable(const std::string& file) {
@@ -170,134 +141,7 @@ CStrings full_environment(const std::vector<std::pair<std::string, std::string>>
   return CStrings(std::move(env));
 }
 
-/// The whole of `text` as an integer in [min_value, max_value]; else an error "<flag> must be <what>, got <text>".
-int int_flag(const std::string& flag, const std::string& text, long min_value, long max_value, const char* what) {
-  errno = 0;
-  char* end = nullptr;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  const bool whole = !text.empty() && *end == '\0' && errno == 0;
-  TORCH_CHECK(whole && value >= min_value && value <= max_value, flag, " must be ", what, ", got ",
-              whole ? text : "'" + text + "'");
-  return static_cast<int>(value);
-}
-
-/// The whole of `text` as seconds (a finite number, > 0 or >= 0 as `positive` says), in milliseconds.
-std::chrono::milliseconds seconds_flag(const std::string& flag, const std::string& text, bool positive) {
-  char* end = nullptr;
-  const double seconds = std::strtod(text.c_str(), &end);
-  constexpr double kMaxSeconds = 1e9;  // ~30 years: more is a typo, and would overflow the milliseconds
-  const bool whole = !text.empty() && *end == '\0' && std::isfinite(seconds);
-  TORCH_CHECK(whole && (positive ? seconds > 0 : seconds >= 0) && seconds <= kMaxSeconds, flag, " must be a ",
-              positive ? "positive" : "non-negative", " number of seconds, got ", whole ? text : "'" + text + "'");
-  return std::chrono::milliseconds(std::llround(seconds * 1000));
-}
-
-constexpr const char* kUsage = "Usage: ddp-launch [options] [--] program [args...]";
-
-/// CLI11's help with our usage line (its own would read "ddp-launch [OPTIONS]", and a second one in the
-/// description made two).
-class LaunchHelpFormatter : public CLI::Formatter {
- public:
-  std::string make_usage(const CLI::App*, std::string) const override { return std::string(kUsage) + "\n"; }
-};
-
-ParsedLaunchArgs usage_error(const std::string& message) {
-  ParsedLaunchArgs result;
-  result.exit_code = kExitUsage;
-  result.output = "ddp-launch: " + message + " (run ddp-launch --help for usage)\n";
-  return result;
-}
-
 }  // namespace
-
-ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
-  LaunchConfig c;
-  // Numbers are taken as text and checked here, so that errors read "--nnodes must be a positive integer, got 0"
-  // rather than CLI11's "Value 0 not in range 0.000000 to 1797693134862315708145...".
-  std::string nproc_per_node, nnodes = "1", node_rank = "0", master_port = std::to_string(c.master_port);
-  std::string kill_grace_s = detail::seconds_value(c.kill_grace), rendezvous_timeout_s, collective_timeout_s;
-  std::string max_restarts = std::to_string(c.max_restarts), hang_timeout_s = detail::seconds_value(c.hang_timeout);
-  std::string rejoin_wait_s = detail::seconds_value(c.rejoin_wait);
-  CLI::App app{
-      "ddp-launch: starts a data-parallel job's worker processes on this node with the torchrun environment "
-      "contract (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK). Options "
-      "come before the program; -- ends them.",
-      "ddp-launch"};
-  app.formatter(std::make_shared<LaunchHelpFormatter>());
-  app.option_defaults()->always_capture_default();  // --help shows each default: "--master-port TEXT=29500"
-  app.add_option("--nproc-per-node,--nproc_per_node", nproc_per_node, "Worker processes on this node")->required();
-  app.add_option("--nnodes", nnodes,
-                 "Nodes in the job; MIN:MAX (elastic): each start of the workers takes the nodes present, at least "
-                 "MIN, and a node that joins later is admitted by a restart");
-  app.add_option("--node-rank,--node_rank", node_rank, "This node's rank; node 0 hosts the rendezvous");
-  app.add_option("--master-addr,--master_addr", c.master_addr, "Address of node 0");
-  app.add_option("--master-port,--master_port", master_port,
-                 "Rendezvous port on node 0 (0: any free port, one node only)");
-  app.add_flag("--local-rank-arg", c.local_rank_arg, "Also pass --local-rank=N to each worker");
-  app.add_option("--kill-grace-s", kill_grace_s, "After a failure, seconds between SIGTERM and SIGKILL");
-  app.add_option("--rendezvous-timeout-s,--rdzv-timeout-s", rendezvous_timeout_s,
-                 "Seconds the workers wait for all ranks to join before giving up (DDP_RENDEZVOUS_TIMEOUT_S; "
-                 "default 600)");
-  app.add_option("--collective-timeout-s", collective_timeout_s,
-                 "Seconds a collective may take before the workers give up (DDP_COLLECTIVE_TIMEOUT_S; default "
-                 "1800)");
-  app.add_option("--max-restarts,--max_restarts", max_restarts,
-                 "After a worker fails, start all workers again up to this many times (TORCHELASTIC_RESTART_COUNT "
-                 "tells them which start it is; a program with --checkpoint-dir continues from its newest save)");
-  app.add_option("--hang-timeout-s", hang_timeout_s,
-                 "Seconds a worker may wait in a collective without progress before the worker it waits for is named "
-                 "as hung and the workers are stopped (restarted with --max-restarts); the first step and waits for a "
-                 "ddp::ProgressPause are not timed; 0: off");
-  app.add_option("--rejoin-wait-s", rejoin_wait_s,
-                 "Elastic (--nnodes MIN:MAX): seconds node 0 waits for missing nodes before the workers start with "
-                 "fewer");
-  app.prefix_command();  // everything from the program on belongs to the program
-
-  ParsedLaunchArgs result;
-  try {
-    app.parse(argc, argv);
-    std::vector<std::string> rest = app.remaining();
-    // CLI11 moves an unknown option into the remaining arguments and parses on; "--" stays in them as a marker.
-    if (!rest.empty() && rest.front() == "--") {
-      rest.erase(rest.begin());
-    } else if (!rest.empty() && rest.front().size() > 1 && rest.front().front() == '-') {
-      return usage_error("unknown option '" + rest.front() +
-                         "': launcher options come before the program (put -- before a program whose name "
-                         "starts with '-')");
-    }
-    c.command = std::move(rest);
-    c.nproc_per_node = int_flag("--nproc-per-node", nproc_per_node, 1, INT_MAX, "a positive integer");
-    if (const size_t colon = nnodes.find(':'); colon != std::string::npos) {
-      c.min_nodes = int_flag("--nnodes", nnodes.substr(0, colon), 1, INT_MAX, "N or MIN:MAX with positive integers");
-      c.nnodes = int_flag("--nnodes", nnodes.substr(colon + 1), 1, INT_MAX, "N or MIN:MAX with positive integers");
-      TORCH_CHECK(*c.min_nodes <= c.nnodes, "--nnodes MIN:MAX needs MIN <= MAX, got ", nnodes);
-    } else {
-      c.nnodes = int_flag("--nnodes", nnodes, 1, INT_MAX, "a positive integer");
-    }
-    c.rejoin_wait = seconds_flag("--rejoin-wait-s", rejoin_wait_s, /*positive=*/false);
-    c.node_rank = int_flag("--node-rank", node_rank, 0, INT_MAX, "a non-negative integer");
-    c.master_port = int_flag("--master-port", master_port, 0, kMaxPort, "an integer in [0, 65535]");
-    c.kill_grace = seconds_flag("--kill-grace-s", kill_grace_s, /*positive=*/false);
-    c.max_restarts = int_flag("--max-restarts", max_restarts, 0, kMaxRestarts, "an integer in [0, 1000000]");
-    c.hang_timeout = seconds_flag("--hang-timeout-s", hang_timeout_s, /*positive=*/false);
-    if (!rendezvous_timeout_s.empty()) {
-      c.rendezvous_timeout = seconds_flag("--rendezvous-timeout-s", rendezvous_timeout_s, /*positive=*/true);
-    }
-    if (!collective_timeout_s.empty()) {
-      c.collective_timeout = seconds_flag("--collective-timeout-s", collective_timeout_s, /*positive=*/true);
-    }
-    validate(c);
-  } catch (const CLI::CallForHelp&) {
-    result.output = app.help();
-    return result;
-  } catch (const CLI::ParseError& e) {
-    return usage_error(e.what());
-  } catch (const c10::Error& e) {
-    return usage_error(e.what_without_backtrace());
-  }
-  result.config = std::move(c);
-  return result;
-}
 
 std::vector<std::pair<std::string, std::string>> worker_environment(const LaunchConfig& c, int local_rank,
                                                                     int master_port, const WorkerAttempt& attempt) {
@@ -622,7 +466,7 @@ std::optional<int> take_round(const LaunchConfig& c, detail::Rendezvous& rendezv
 }  // namespace
 
 int run_launch(const LaunchConfig& c, std::ostream& log) {
-  validate(c);
+  detail::validate_launch_config(c);
   // Before any worker starts: a program that cannot run is one line, not the same error from every worker.
   if (const std::optional<ProgramProblem> problem = check_program(c.command.front())) {
     log << "ddp-launch: " << problem->message << std::endl;

@@ -112,4 +112,10 @@ std::optional<ProgramProblem> check_program(const std::string& program);
 /// stop.
 int run_launch(const LaunchConfig& config, std::ostream& log);
 
+namespace detail {
+/// Throws c10::Error with one line naming the flag when `config` is not one to run ("--node-rank must be in [0, 2)
+/// for --nnodes 2, got 2"). parse_launch_args and run_launch call it.
+void validate_launch_config(const LaunchConfig& config);
+}  // namespace detail
+
 }  // namespace ddp

@@ -48,7 +48,8 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
                  "processes and training samples)");
   app.add_option("--keep-last", flags.keep_last, "Checkpoints --checkpoint-dir keeps (> 0)");
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
-                 "Keep checkpoints in this folder, one per --save-every steps and one at the end (step-N.pt, the "
+                 "Keep checkpoints in this folder, one per --save-every steps and one at the end (step-<step in 12 "
+                 "digits>.pt: step-000000000050.pt for step 50; the "
                  "newest --keep-last kept), and on start continue from the newest one that reads (a damaged newer one "
                  "is skipped with a warning); replaces --save and --resume");
   app.add_flag("--quiet", flags.quiet, "No progress line (the header, saves and each epoch's result still print)");
@@ -58,10 +59,10 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--metrics", flags.observe.metrics,
                  "Write the run's metrics here as JSON lines (rank 0): one object per logged step and per epoch "
                  "(docs/observability.md); appended to when the run resumes");
-  app.add_option(
-      "--metrics-every", flags.observe.metrics_every,
-      "Log every this many steps of the run (default 10) and its last step (--metrics, --report): the ranks' "
-      "times are gathered then");
+  app.add_option("--metrics-every", flags.observe.metrics_every,
+                 "Log every this many steps of the run and its last step (--metrics, --report): the ranks' times are "
+                 "gathered then; auto: about 100 logged steps in the run (its steps / 100, at least 1)")
+      ->default_str("auto");
   app.add_option("--report", flags.observe.report,
                  "Write one self-contained HTML report of the run here (rank 0): loss, accuracy, throughput, loss "
                  "scale, each rank's step time, and the timeline of --timeline-steps");
@@ -69,8 +70,9 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
       "--timeline", flags.observe.timeline,
       "Write the timeline of --timeline-steps here as Chrome trace JSON (rank 0; Perfetto, chrome://tracing)");
   app.add_option("--timeline-steps", flags.observe.timeline_steps,
-                 "Steps of the run the timeline records, A:B or A (default with --report or --timeline: 3 steps after "
-                 "3 of warm-up)");
+                 "Steps of the run the timeline records, A:B or A; auto (with --report or --timeline): 3 steps after "
+                 "3 of warm-up")
+      ->default_str("auto");
   app.add_option("--stop-after-steps", flags.stop_after_steps,
                  "For testing resumption: stop after S optimizer steps of this process, mid-epoch if it falls there, "
                  "and write --save");

@@ -1,5 +1,6 @@
 #include <ddp/launch/launcher.h>
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include <ddp/launch/text.h>
 #include <ddp/launch/worker_group.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "cli_help.h"
@@ -93,11 +95,59 @@ TEST(LaunchArgsTest, HelpShowsEveryDefault) {
                                                                      {"--node-rank", "0"},
                                                                      {"--master-addr", "127.0.0.1"},
                                                                      {"--master-port", "29500"},
-                                                                     {"--kill-grace-s", "5"}};
+                                                                     {"--kill-grace-s", "5"},
+                                                                     {"--rendezvous-timeout-s", "600"},
+                                                                     {"--collective-timeout-s", "1800"},
+                                                                     {"--max-restarts", "0"},
+                                                                     {"--hang-timeout-s", "600"},
+                                                                     {"--rejoin-wait-s", "30"}};
   for (const auto& [option, shown] : defaults) EXPECT_EQ(test_util::default_shown(help, option), shown) << help;
-  // The timeouts' defaults come from the workers' side (or the environment): the description says them.
-  EXPECT_NE(test_util::option_help(help, "--rendezvous-timeout-s").find("default 600"), std::string::npos) << help;
-  EXPECT_NE(test_util::option_help(help, "--collective-timeout-s").find("default 1800"), std::string::npos) << help;
+  // Numbers are typed as numbers (they are read as text to say what is wrong with a bad one), never TEXT.
+  for (const auto& [option, type] :
+       std::vector<std::pair<std::string, std::string>>{{"--nproc-per-node", "INT|auto|gpu|cpu"},
+                                                        {"--nnodes", "INT|MIN:MAX=1"},
+                                                        {"--node-rank", "INT=0"},
+                                                        {"--master-port", "INT=29500"},
+                                                        {"--kill-grace-s", "FLOAT=5"},
+                                                        {"--rendezvous-timeout-s", "FLOAT=600"},
+                                                        {"--max-restarts", "INT=0"}}) {
+    std::istringstream line(test_util::option_help(help, option));
+    std::string names, shown;
+    line >> names >> shown;
+    EXPECT_EQ(shown, type) << option << " in:\n" << help;
+  }
+}
+
+// torchrun's spellings: --standalone (one node, a free local port) and --nproc-per-node auto / cpu / gpu.
+TEST(LaunchArgsTest, TorchrunsStandaloneAndNprocWordsAreAccepted) {
+  const auto standalone = parse({"--standalone", "--nproc-per-node", "2", "prog"});
+  ASSERT_TRUE(standalone.config.has_value()) << standalone.output;
+  EXPECT_EQ(standalone.config->nnodes, 1);
+  EXPECT_EQ(standalone.config->master_port, 0);
+  EXPECT_EQ(standalone.config->master_addr, "127.0.0.1");
+  EXPECT_TRUE(contains_all(parse({"--standalone", "--nnodes", "2", "--nproc-per-node", "1", "p"}).output,
+                           {"ddp-launch: --standalone is one node: it cannot go with --nnodes 2"}));
+  EXPECT_TRUE(contains_all(parse({"--standalone", "--master-port", "29501", "--nproc-per-node", "1", "p"}).output,
+                           {"ddp-launch: --standalone picks the rendezvous address and port itself"}));
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof cpus, &cpus), 0);
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  const auto cpu = parse({"--nproc-per-node", "cpu", "prog"});
+  ASSERT_TRUE(cpu.config.has_value()) << cpu.output;
+  EXPECT_EQ(cpu.config->nproc_per_node, CPU_COUNT(&cpus));
+  const auto automatic = parse({"--nproc-per-node", "auto", "prog"});
+  ASSERT_TRUE(automatic.config.has_value()) << automatic.output;
+  EXPECT_EQ(automatic.config->nproc_per_node, gpus > 0 ? gpus : CPU_COUNT(&cpus));
+  const auto gpu = parse({"--nproc-per-node", "gpu", "prog"});
+  if (gpus > 0) {
+    ASSERT_TRUE(gpu.config.has_value()) << gpu.output;
+    EXPECT_EQ(gpu.config->nproc_per_node, gpus);
+  } else {
+    EXPECT_TRUE(contains_all(gpu.output, {"ddp-launch: --nproc-per-node gpu: no CUDA GPU is visible"})) << gpu.output;
+  }
+  EXPECT_TRUE(contains_all(parse({"--nproc-per-node", "many", "prog"}).output,
+                           {"--nproc-per-node must be a positive integer, auto, gpu or cpu, got 'many'"}));
 }
 
 TEST(LaunchArgsTest, HelpHasOneUsageLine) {
@@ -111,6 +161,12 @@ TEST(LaunchArgsTest, AnUnknownOptionBeforeTheProgramIsNamedAndDashDashEndsTheOpt
   EXPECT_FALSE(unknown.config.has_value());
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_TRUE(contains_all(unknown.output, {"ddp-launch: unknown option '--no-such-flag'"}));
+  // A misspelled option is named with the one it is near, not reported as the required one missing.
+  const auto misspelled = parse({"--nprocs-per-node", "2", "prog"});
+  EXPECT_EQ(misspelled.exit_code, 2);
+  EXPECT_TRUE(contains_all(misspelled.output,
+                           {"ddp-launch: unknown option '--nprocs-per-node' (did you mean --nproc-per-node?)"}))
+      << misspelled.output;
   const auto after = parse({"--nproc-per-node", "1", "-x", "prog"});
   EXPECT_TRUE(contains_all(after.output, {"unknown option '-x'"}));
   const auto dash_dash = parse({"--nproc-per-node", "1", "--", "-prog", "--nnodes", "3"});
@@ -124,10 +180,10 @@ TEST(LaunchArgsTest, AnUnknownOptionBeforeTheProgramIsNamedAndDashDashEndsTheOpt
 
 TEST(LaunchArgsTest, BadValuesAreOneLineNamingTheFlagAndTheValue) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--nproc-per-node", "0", "p"}, "--nproc-per-node must be a positive integer, got 0"},
-      {{"--nproc-per-node", "-3", "p"}, "--nproc-per-node must be a positive integer, got -3"},
-      {{"--nproc-per-node", "two", "p"}, "--nproc-per-node must be a positive integer, got 'two'"},
-      {{"--nproc-per-node", "99999999999", "p"}, "--nproc-per-node must be a positive integer, got 99999999999"},
+      {{"--nproc-per-node", "0", "p"}, "--nproc-per-node must be a positive integer, auto, gpu or cpu, got 0"},
+      {{"--nproc-per-node", "-3", "p"}, "--nproc-per-node must be a positive integer, auto, gpu or cpu, got -3"},
+      {{"--nproc-per-node", "two", "p"}, "--nproc-per-node must be a positive integer, auto, gpu or cpu, got 'two'"},
+      {{"--nproc-per-node", "99999999999", "p"}, "--nproc-per-node must be a positive integer, auto, gpu or cpu, got 99999999999"},
       {{"--nproc-per-node", "1", "--nnodes", "0", "p"}, "--nnodes must be a positive integer, got 0"},
       {{"--nproc-per-node", "1", "--node-rank", "-1", "p"}, "--node-rank must be a non-negative integer, got -1"},
       {{"--nproc-per-node", "1", "--master-port", "70000", "p"},

@@ -25,6 +25,8 @@ const Defaults kCommonDefaults = {{"--epochs", "1"},
                                   {"--device", "auto"},
                                   {"--progress-every", "10"},
                                   {"--keep-last", "3"},
+                                  {"--metrics-every", "auto"},
+                                  {"--timeline-steps", "auto"},
                                   {"--data", "/usr/share/datasets/fashion-mnist"}};
 
 struct ExampleHelp {

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <run/monitor.h>
+#include <run/observer.h>
 #include "json_lines.h"
 #include "python_free_examples/example_process.h"
 
@@ -93,6 +94,33 @@ TEST(MonitorTest, ALoopOfItsOwnGetsProgressMetricsAndReport) {
   EXPECT_NE(report.find("id=\"fig-loss\""), std::string::npos);
   EXPECT_NE(report.find("id=\"fig-accuracy\""), std::string::npos);
   EXPECT_NE(report.find("a test run"), std::string::npos);
+}
+
+// Without metrics_every a run logs about 100 steps whatever its length (issue 39: a 16-step run's charts had 2 points).
+TEST(MonitorTest, WithoutAnIntervalAShortRunLogsEveryStepAndALongOneAbout100) {
+  EXPECT_EQ(run::default_metrics_every(16), 1);
+  EXPECT_EQ(run::default_metrics_every(100), 1);
+  EXPECT_EQ(run::default_metrics_every(101), 2);
+  EXPECT_EQ(run::default_metrics_every(1000), 10);
+  EXPECT_EQ(run::default_metrics_every(100000), 1000);
+  example_test::Scratch scratch;
+  run::MonitorOptions options;
+  options.progress = run::ProgressStyle::kQuiet;
+  options.epochs = 4;
+  options.observe.metrics = scratch.file("metrics.jsonl");
+  options.observe.report = scratch.file("report.html");
+  options.first_step = 1;
+  options.last_step = 20;
+  {
+    run::Monitor monitor(options, 0, 1, torch::kCPU);
+    train(monitor, 1, 4);
+  }
+  std::vector<double> steps;
+  for (const Json& line : lines_of_type(example_test::read_file(options.observe.metrics), "step")) {
+    steps.push_back(number(line, "step"));
+  }
+  EXPECT_EQ(steps.size(), 20u) << "every step of a 20-step run";
+  EXPECT_EQ(steps.front(), 1.0);
 }
 
 TEST(MonitorTest, AResumedRunNumbersItsStepsOnAndAppendsToItsMetrics) {

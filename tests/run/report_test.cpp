@@ -155,6 +155,36 @@ TEST(ReportTest, ThePerRankTableShowsHowMuchAllreduceHidBehindBackward) {
   const std::string html = run::report_html(report);
   EXPECT_NE(html.find("<td>4.00</td><td>67%</td></tr>"), std::string::npos) << html;
   EXPECT_NE(html.find("<td>3.00</td><td>0%</td></tr>"), std::string::npos) << html;
+  // What the shares mean is said under the table (issue 39: 3% on one rank and 43% on another looked wrong).
+  const size_t note = html.find("<p id=\"overlap-note\">Allreduce hidden behind backward: ");
+  ASSERT_NE(note, std::string::npos) << html;
+  EXPECT_LT(html.find("<table id=\"ranks\">"), note);
+  EXPECT_NE(html.find("the shares differ by rank", note), std::string::npos) << html;
+}
+
+// The timeline's legend is a legend: a swatch in each drawn kind's color with its name, none for what is not drawn.
+TEST(ReportTest, TheTimelineHasALegendOfWhatItDraws) {
+  const std::vector<std::vector<ddp::TimelineEvent>> per_rank = {
+      {event("forward", "step", 0, 100), event("backward", "step", 100, 300),
+       event(ddp::kAllreduceWaitEvent, "step", 250, 300), event("optimizer step", "step", 300, 300.5),
+       event("allreduce bucket 0", "comm", 200, 290)}};
+  const std::string svg = run::timeline_svg("fig-timeline", per_rank);
+  const size_t legend = svg.find("<g id=\"fig-timeline-legend\">");
+  ASSERT_NE(legend, std::string::npos) << svg;
+  const std::string part = svg.substr(legend, svg.find("</g>", legend) - legend);
+  for (const auto& [color, label] :
+       std::vector<std::pair<std::string, std::string>>{{"#1f77b4", "forward"},
+                                                        {"#ff7f0e", "backward"},
+                                                        {"#4d4d4d", "backward's wait for the allreduces"},
+                                                        {"#2ca02c", "optimizer step"},
+                                                        {"#9467bd", "allreduce"}}) {
+    EXPECT_NE(part.find("fill=\"" + color + "\"/><text"), std::string::npos) << label << ": " << part;
+    EXPECT_NE(part.find(">" + run::html_escape(label) + "</text>"), std::string::npos) << label << ": " << part;
+  }
+  EXPECT_EQ(part.find("amp unscale"), std::string::npos) << "nothing of amp was drawn: " << part;
+  EXPECT_EQ(part.find("bucket ready"), std::string::npos) << part;
+  // The half-microsecond optimizer step of a 300 us window is still 3 px wide.
+  EXPECT_NE(svg.find("width=\"3.0\" height=\"14.0\" fill=\"#2ca02c\""), std::string::npos) << svg;
 }
 
 }  // namespace
