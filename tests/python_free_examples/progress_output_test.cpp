@@ -88,22 +88,48 @@ TEST(LogLinesTest, WorkersUnderTheLauncherLoseNoLineToItsSigterm) {
 }
 
 // amp's overflow lines: the ranks' gradients are allreduced, so they overflow alike and rank 0 reports for all; before,
-// each rank printed each line.
-TEST(LogLinesTest, AnOverflowEveryRankSeesIsReportedOnce) {
-  const example_test::ProcessResult run =
-      example_test::run_process({LTA_DDP_LAUNCH, "--nproc-per-node", "2", "--master-port", "0", LTA_EXAMPLE_AMP_DDP,
-                                 "--synthetic", "--limit-train", "512", "--batch-size", "64", "--device", "cpu",
-                                 "--dtype", "fp16", "--opt-level", "O2", "--quiet"});
+// each rank printed each line. With stdout and stderr in one file (2>&1, as a cluster's output file), the lines come
+// in the order they were printed: the header, then the overflows of the steps after it, then the epoch's result.
+TEST(LogLinesTest, AnOverflowEveryRankSeesIsReportedOnceAndInItsPlace) {
+  const example_test::ProcessResult run = example_test::run_process({"/bin/sh",
+                                                                     "-c",
+                                                                     "exec \"$0\" \"$@\" 2>&1",
+                                                                     LTA_DDP_LAUNCH,
+                                                                     "--nproc-per-node",
+                                                                     "2",
+                                                                     "--master-port",
+                                                                     "0",
+                                                                     LTA_EXAMPLE_AMP_DDP,
+                                                                     "--synthetic",
+                                                                     "--limit-train",
+                                                                     "512",
+                                                                     "--batch-size",
+                                                                     "64",
+                                                                     "--device",
+                                                                     "cpu",
+                                                                     "--dtype",
+                                                                     "fp16",
+                                                                     "--opt-level",
+                                                                     "O2",
+                                                                     "--quiet"});
   ASSERT_EQ(run.exit_code(), 0) << run.describe();
+  const std::vector<std::string> lines = lines_of(run.out);
   std::vector<std::string> overflows;
-  for (const std::string& line : lines_of(run.err)) {
-    if (line.rfind("amp: gradient overflow at step ", 0) == 0) overflows.push_back(line);
+  size_t header = lines.size(), first_overflow = lines.size(), result = lines.size();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].find(" training samples, ") != std::string::npos) header = std::min(header, i);
+    if (lines[i].rfind("epoch 1/1: mean loss ", 0) == 0) result = std::min(result, i);
+    if (lines[i].rfind("amp: gradient overflow at step ", 0) != 0) continue;
+    overflows.push_back(lines[i]);
+    first_overflow = std::min(first_overflow, i);
   }
-  ASSERT_FALSE(overflows.empty()) << "fp16 from a loss scale of 65536 overflows in its first steps\n" << run.describe();
+  ASSERT_FALSE(overflows.empty()) << "fp16 from a loss scale of 65536 overflows in its first steps\n" << run.out;
   std::vector<std::string> unique = overflows;
   std::sort(unique.begin(), unique.end());
   unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-  EXPECT_EQ(unique.size(), overflows.size()) << "each overflow once:\n" << run.err;
+  EXPECT_EQ(unique.size(), overflows.size()) << "each overflow once:\n" << run.out;
+  EXPECT_LT(header, first_overflow) << run.out;
+  EXPECT_LT(first_overflow, result) << run.out;
 }
 #endif
 
