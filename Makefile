@@ -1,5 +1,5 @@
 # The two commands: `make demo` (the main job: AMP vs FP32) and `make test`. Both install what is missing,
-# configure once, build incrementally and run. Also: make build, make bench, make clean.
+# configure once, build incrementally and run. Also: make build, make bench, make docs, make package, make clean.
 #   LIBTORCH=<prefix>   build against your own LibTorch instead of installing torch into .venv
 #   CMAKE_ARGS=...      extra configure arguments (e.g. -DLIBTORCH_AMP_CUDA=OFF)
 BUILD_DIR ?= build
@@ -14,7 +14,7 @@ TORCH_ARG := $(if $(LIBTORCH),-DCMAKE_PREFIX_PATH=$(LIBTORCH),)
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 
-.PHONY: all deps configure build test asan-test demo bench clean gpu-bundle
+.PHONY: all deps configure build test asan-test demo bench clean gpu-bundle docs package
 all: build
 
 deps:
@@ -83,6 +83,15 @@ gpu-bundle:
 	@size=$$(du -sm .deps | cut -f1); tree=$$(git ls-files -z | du -cm --files0-from=- | tail -n 1 | cut -f1); \
 	echo "gpu-bundle: .deps is $$size MiB, the tracked tree $$tree MiB (a device call carries 64 MiB in all)"; \
 	[ $$size -le $(GPU_BUNDLE_MAX_MIB) ] || { echo "gpu-bundle: .deps is over $(GPU_BUNDLE_MAX_MIB) MiB" >&2; exit 1; }
+
+# The API reference (Doxygen over the installed headers, docs/api.md) into $(BUILD_DIR)/docs/html.
+docs: configure
+	cmake --build $(BUILD_DIR) --target docs
+
+# A Debian package and a tarball of the install (libraries, headers, CMake package, ddp-launch, docs) in $(BUILD_DIR):
+# libtorch-amp_<version>_<arch>.deb. `make docs` first puts the API reference in it too.
+package: build
+	cd $(BUILD_DIR) && cpack
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -33,10 +33,13 @@
 namespace amp {
 
 /// The model amp::initialize returns: calls the wrapped module's forward under the opt level's policy (O1:
-/// autocast; O2/O3: floating inputs cast to half) and returns floating outputs as fp32. `->` reaches the module.
+/// autocast; O2/O3: floating tensor arguments cast to half) and returns a floating tensor result as fp32 (other
+/// result types unchanged, see ForwardPolicy::output). `->` reaches the module.
 template <typename ModuleHolder>
 class Model {
  public:
+  /// Made by amp::initialize: `module` is the prepared module holder (cast under O2/O3), `state` the amp state it
+  /// shares with the returned Optimizer. Checks nothing itself (initialize did).
   Model(ModuleHolder module, std::shared_ptr<detail::State> state)
       : module_(std::move(module)), state_(std::move(state)) {}
 
@@ -48,6 +51,7 @@ class Model {
     return state_->forward_policy().run(
         [this](auto&&... a) { return module_->forward(std::forward<decltype(a)>(a)...); }, std::forward<Args>(args)...);
   }
+  /// Same as forward(args...).
   template <typename... Args>
   auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
@@ -61,7 +65,10 @@ class Model {
     state_->wait_for_parameters();
     return state_->forward_policy().run(std::forward<F>(f), std::forward<Args>(args)...);
   }
+  /// The wrapped module, for its members (parameters, submodules). A forward called through it bypasses amp's
+  /// policy (no autocast, no input or output casts) and, under ZeroPublish::kAtNextForward, the parameter wait.
   auto operator->() { return module_.operator->(); }
+  /// The wrapped module holder: the one passed to amp::initialize, cast in place under O2/O3.
   ModuleHolder& module() { return module_; }
 
   /// Saves the model's parameters and buffers with fp32 values (the masters where they exist).
@@ -79,6 +86,7 @@ class Model {
 /// torch::optim optimizer step() reads one flag on the host, the same price torch.amp pays.
 class Optimizer {
  public:
+  /// Made by amp::initialize: `state` is the amp state it shares with the returned Model.
   explicit Optimizer(std::shared_ptr<detail::State> state) : state_(std::move(state)) {}
 
   /// Steps (or skips), refreshes half model parameters from their fp32 masters, and checks the lazily read
@@ -130,6 +138,9 @@ class Optimizer {
   /// Options::fp8: what initialize logged about the model's layers (which run in FP8, which not and why); empty
   /// without FP8.
   std::vector<std::string> fp8_report() const;
+  /// The torch::optim optimizer passed to amp::initialize. Under master weights (O2) its parameters are the fp32
+  /// masters; under ZeRO, 1-D views of this rank's shard (docs/zero.md). Stepping it directly skips amp's overflow
+  /// check and, under master weights, the copy from the masters into the model's half parameters.
   torch::optim::Optimizer& inner() { return state_->optimizer(); }
   /// The loss scaler of `loss_id` (scale, diagnostics, device tensors).
   LossScaler& scaler(int64_t loss_id = 0) { return state_->scaler(loss_id); }
@@ -158,22 +169,28 @@ class Optimizer {
     return state_->param_name(diagnostics.first_nonfinite_index);
   }
 
-  /// Saves / loads amp's own state (options and every loss scaler). load() refuses a checkpoint written with
-  /// other options and changes nothing on any error.
+  /// Saves amp's own state into `archive`: the options, every loss scaler and, with FP8, the layers' scaling state.
   void save_amp_state(torch::serialize::OutputArchive& archive) const { state_->save(archive); }
+  /// Loads what save_amp_state() wrote. Refuses (c10::Error) a checkpoint written with other options and changes
+  /// nothing on any error; after a load the overflow flag of the step being prepared is clear.
   void load_amp_state(torch::serialize::InputArchive& archive) { state_->load(archive); }
 
+  /// amp's internal state, shared with the Model (what amp's free functions such as clip_grad_norm_ and the
+  /// checkpoint functions act on). Not a stable interface.
   detail::State& state() { return *state_; }
+  /// The shared pointer to that state (a ScaledLoss keeps one).
   const std::shared_ptr<detail::State>& state_ptr() const { return state_; }
 
  private:
   std::shared_ptr<detail::State> state_;
 };
 
+/// What amp::initialize returns, for a structured binding: `auto [model, optimizer] = amp::initialize(...)`. Both
+/// share one amp state.
 template <typename ModuleHolder>
 struct Initialized {
-  Model<ModuleHolder> model;
-  Optimizer optimizer;
+  Model<ModuleHolder> model;  ///< the model to call forward on
+  Optimizer optimizer;        ///< the optimizer to step, pass to scale_loss and clip_grad_norm_
 };
 
 /// Prepares `module` and `optimizer` for mixed precision per `options`: checks the model (fp32 parameters on
@@ -197,8 +214,13 @@ Initialized<ModuleHolder> initialize(ModuleHolder module, torch::optim::Optimize
 /// unscaled): zero_grad() before the next step.
 class ScaledLoss {
  public:
+  /// What amp::scale_loss calls: multiplies `loss` (converted to fp32) by the current scale of scaler `loss_id`.
+  /// Throws (c10::Error) for a loss_id outside [0, num_losses), an undefined or non-floating loss, a loss on
+  /// another device than the scaler, a loss_id other than the one a delay_unscale=true scope left pending, and
+  /// under ZeroPublish::kAtNextForward while the parameter all-gather is still pending.
   ScaledLoss(Optimizer& optimizer, const at::Tensor& loss, int64_t loss_id, bool delay_unscale);
   ~ScaledLoss() noexcept(false);
+  /// Takes over `other`'s scope; `other`'s end then does nothing.
   ScaledLoss(ScaledLoss&& other) noexcept;
   ScaledLoss(const ScaledLoss&) = delete;
   ScaledLoss& operator=(const ScaledLoss&) = delete;

@@ -19,6 +19,9 @@ namespace amp {
 /// Not copyable or movable: it is a scope.
 class AutocastScope {
  public:
+  /// Opens the region: saves the thread's autocast state for `device_type`, then sets it to `enabled` and `dtype`
+  /// and the cast cache to `cache_enabled`. Throws (c10::Error) for a device type other than kCUDA or kCPU, or a
+  /// dtype other than kHalf or kBFloat16.
   AutocastScope(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled = true, bool cache_enabled = true);
   ~AutocastScope();
   AutocastScope(const AutocastScope&) = delete;

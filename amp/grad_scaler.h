@@ -21,12 +21,20 @@ namespace amp {
 /// smallest float becomes 0, as in torch.amp). min_scale / max_scale add a floor and a ceiling, e.g. amp::Options'
 /// LossScaleDefaults (1 and 2^24); hysteresis > 1 tolerates overflows before backing off (Megatron's rule).
 struct GradScalerOptions {
+  /// The initial scale, in [min_scale, max_scale]. Default 2^16.
   TORCH_ARG(double, init_scale) = LossScaleDefaults::kInitScale;
+  /// Multiplies the scale after growth_interval clean steps; > 1. Default 2.
   TORCH_ARG(double, growth_factor) = LossScaleDefaults::kGrowthFactor;
+  /// Multiplies the scale when it backs off; in (0, 1). Default 0.5.
   TORCH_ARG(double, backoff_factor) = LossScaleDefaults::kBackoffFactor;
+  /// Consecutive clean steps before the scale grows, >= 1. Default 2000.
   TORCH_ARG(int64_t, growth_interval) = LossScaleDefaults::kGrowthInterval;
+  /// The scale backs off at the n-th overflow since it last grew and at each later one; n >= 1. Default 1
+  /// (torch.amp's rule).
   TORCH_ARG(int64_t, hysteresis) = LossScaleDefaults::kHysteresis;
+  /// Floor of the scale, finite and >= 0. Default 0 (none).
   TORCH_ARG(double, min_scale) = 0.0;
+  /// Ceiling of the scale, >= min_scale. Default +inf (none).
   TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
   /// false: scale() returns the loss unchanged, step() just steps, update() does nothing.
   TORCH_ARG(bool, enabled) = true;
@@ -61,13 +69,17 @@ class GradScaler {
 
   /// The current scale (a host sync). 1.0 when disabled.
   double get_scale();
+  /// Whether scaling is on (GradScalerOptions::enabled).
   bool is_enabled() const { return options_.enabled(); }
   /// The underlying device state; nullptr before the first scale().
   LossScaler* loss_scaler() { return scaler_.get(); }
 
-  /// Saves / restores the scaler state (LossScaler::save / load). load() also ends the iteration in progress:
-  /// every optimizer may be unscaled and stepped again before the next update().
+  /// Saves the scaler state (LossScaler::save); writes nothing when disabled. Throws c10::Error when enabled
+  /// and the state does not exist yet (no scale() and no device at construction).
   void save(torch::serialize::OutputArchive& archive) const;
+  /// Restores the scaler state (LossScaler::load) and ends the iteration in progress: every optimizer may be
+  /// unscaled and stepped again before the next update(). Throws c10::Error when the state does not exist yet
+  /// (construct with the training device, or call scale() first), which is always the case when disabled.
   void load(torch::serialize::InputArchive& archive);
 
  private:

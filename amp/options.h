@@ -17,6 +17,7 @@ enum class OptLevel { O0, O1, O2, O3 };
 
 /// Parses "O0".."O3" (also "o2"); throws naming the text otherwise.
 OptLevel parse_opt_level(const std::string& text);
+/// "O0" to "O3", as parse_opt_level() reads it back.
 const char* opt_level_name(OptLevel level);
 
 /// What amp::initialize is asked for: an opt level plus optional overrides of any of its properties, and the
@@ -25,6 +26,7 @@ const char* opt_level_name(OptLevel level);
 /// contradictions naming the two settings that disagree.
 class Options {
  public:
+  /// Apex's opt level (O0-O3): the table of defaults the other settings override. Default O1.
   Options& opt_level(OptLevel level) {
     opt_level_ = level;
     return *this;
@@ -66,32 +68,39 @@ class Options {
     dynamic_ = true;
     return *this;
   }
-  /// Dynamic scaling: initial scale (default 2^16), growth (2), backoff (0.5), growth interval (2000 steps),
-  /// hysteresis (1 = torch.amp; 2 = tolerate one overflow), floor (default 1), ceiling (default 2^24, as Apex).
+  /// Dynamic scaling: the initial scale, in [min_loss_scale, max_loss_scale]. Default 2^16. Like the other
+  /// dynamic-scaling settings below, refused by resolve() when the loss scale is static.
   Options& init_scale(double v) {
     init_scale_ = v;
     return *this;
   }
+  /// Dynamic scaling: multiplies the scale after growth_interval clean steps; finite and > 1. Default 2.
   Options& growth_factor(double v) {
     growth_factor_ = v;
     return *this;
   }
+  /// Dynamic scaling: multiplies the scale when it backs off; in (0, 1). Default 0.5.
   Options& backoff_factor(double v) {
     backoff_factor_ = v;
     return *this;
   }
+  /// Dynamic scaling: consecutive clean steps before the scale grows, >= 1. Default 2000.
   Options& growth_interval(int64_t steps) {
     growth_interval_ = steps;
     return *this;
   }
+  /// Dynamic scaling: the scale backs off at the n-th overflow since it last grew (and at every later one), n >= 1.
+  /// 1 is torch.amp's rule; 2 tolerates one overflow (Megatron, DeepSpeed). Default 1.
   Options& hysteresis(int64_t overflows) {
     hysteresis_ = overflows;
     return *this;
   }
+  /// Dynamic scaling: the floor the scale never backs off below; finite and > 0. Default 1.
   Options& min_loss_scale(double v) {
     min_loss_scale_ = v;
     return *this;
   }
+  /// Dynamic scaling: the ceiling the scale never grows above, >= min_loss_scale. Default 2^24 (Apex's).
   Options& max_loss_scale(double v) {
     max_loss_scale_ = v;
     return *this;
@@ -117,14 +126,21 @@ class Options {
     return *this;
   }
 
+  /// The opt level set (default O1).
   OptLevel opt_level() const { return opt_level_; }
+  /// The half dtype set (default kHalf).
   c10::ScalarType half_dtype() const { return half_dtype_; }
 
-  /// The options with the opt level's table applied and every property decided. Throws on contradictions.
   struct Resolved;
+  /// The options with the opt level's table applied, then the overrides: every property decided. Throws
+  /// c10::Error on a contradiction (naming the two settings that disagree) or a value out of range.
   Resolved resolve() const;
 
+  /// Whether both resolve to the same settings (compares to_string(), so max_overflows_at_floor is not
+  /// compared). Throws as resolve() when either does not resolve.
   bool operator==(const Options& other) const;
+  /// The resolved settings as space-separated `name=value` pairs: the dynamic-scaling ones only with dynamic
+  /// scaling (else `loss_scale`), fp8 only when set. Throws as resolve().
   std::string to_string() const;
 
  private:
@@ -153,32 +169,37 @@ class Options {
 /// Defaults of the dynamic loss scaler: torch.amp's init/growth/backoff/interval, hysteresis 1, and a floor
 /// of 1 and a ceiling of 2^24 (Apex's) so the scale can neither collapse (apex #834) nor run away.
 struct LossScaleDefaults {
-  static constexpr double kInitScale = 65536.0;
-  static constexpr double kGrowthFactor = 2.0;
-  static constexpr double kBackoffFactor = 0.5;
-  static constexpr int64_t kGrowthInterval = 2000;
-  static constexpr int64_t kHysteresis = 1;
-  static constexpr double kMinScale = 1.0;
-  static constexpr double kMaxScale = 16777216.0;
+  static constexpr double kInitScale = 65536.0;     ///< initial scale, 2^16 (torch.amp's)
+  static constexpr double kGrowthFactor = 2.0;      ///< growth factor (torch.amp's)
+  static constexpr double kBackoffFactor = 0.5;     ///< backoff factor (torch.amp's)
+  static constexpr int64_t kGrowthInterval = 2000;  ///< clean steps before the scale grows (torch.amp's)
+  static constexpr int64_t kHysteresis = 1;         ///< back off at every overflow (torch.amp's rule)
+  static constexpr double kMinScale = 1.0;          ///< floor of the scale
+  static constexpr double kMaxScale = 16777216.0;   ///< ceiling of the scale, 2^24 (Apex's)
 };
 
 /// Every property decided (see Options::resolve).
 struct Options::Resolved {
-  OptLevel opt_level;
-  c10::ScalarType half_dtype;
-  c10::ScalarType cast_model_type;  // kFloat: parameters stay fp32
-  bool autocast;                    // O1: ops run under an autocast scope
-  bool keep_batchnorm_fp32;
-  bool keep_layernorm_fp32;
-  bool master_weights;
-  bool dynamic_loss_scale;
-  double static_loss_scale;  // used when !dynamic_loss_scale
-  double init_scale, growth_factor, backoff_factor;
-  int64_t growth_interval, hysteresis;
-  double min_loss_scale, max_loss_scale;
-  int64_t num_losses;
-  int64_t max_overflows_at_floor;
-  std::optional<Fp8Recipe> fp8;  // FP8 Float8Linear layers with this recipe
+  OptLevel opt_level;               ///< the level whose table was applied
+  c10::ScalarType half_dtype;       ///< kHalf or kBFloat16
+  c10::ScalarType cast_model_type;  ///< kFloat: parameters stay fp32
+  bool autocast;                    ///< O1: ops run under an autocast scope
+  bool keep_batchnorm_fp32;         ///< BatchNorm layers stay fp32 in a cast model
+  bool keep_layernorm_fp32;         ///< LayerNorm/GroupNorm layers stay fp32 in a cast model
+  bool master_weights;              ///< the optimizer steps fp32 master copies of half parameters
+  bool dynamic_loss_scale;          ///< false: static_loss_scale applies (the default with kBFloat16)
+  double static_loss_scale;         ///< used when !dynamic_loss_scale
+  /// Dynamic scaling: the initial scale.
+  double init_scale, growth_factor, backoff_factor;  ///< dynamic scaling: the backoff factor
+  /// Dynamic scaling: clean steps before the scale grows.
+  int64_t growth_interval, hysteresis;  ///< dynamic scaling: the n-th overflow since the last growth backs off
+  /// Dynamic scaling: the floor of the scale.
+  double min_loss_scale, max_loss_scale;  ///< dynamic scaling: the ceiling of the scale
+  int64_t num_losses;                     ///< independent loss scalers, >= 1
+  int64_t max_overflows_at_floor;         ///< consecutive overflows at the floor before an error (0: never)
+  std::optional<Fp8Recipe> fp8;           ///< FP8 Float8Linear layers with this recipe
+  /// \var amp::Options::Resolved::growth_factor
+  /// Dynamic scaling: the growth factor.
 };
 
 }  // namespace amp

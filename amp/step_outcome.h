@@ -11,14 +11,15 @@ namespace amp {
 
 /// What amp::Optimizer::step() did, as read on the host (see StepOutcome::latest).
 struct StepReport {
-  int64_t step = -1;     // 0-based index of the step() call this describes (-1: none yet)
-  bool skipped = false;  // whether that step was skipped because a gradient (or the clipped norm) was inf/NaN
+  int64_t step = -1;     ///< 0-based index of the step() call this describes (-1: none yet)
+  bool skipped = false;  ///< whether that step was skipped because a gradient (or the clipped norm) was inf/NaN
 };
 
 /// Whether the last optimizer step was skipped: a device tensor written in the step (no host sync), and a copy of
 /// it read lazily on the host, double-buffered like the loss scaler's diagnostics.
 class StepOutcome {
  public:
+  /// Allocates the flag on `device` (1-element fp32, 0: not skipped) and the host copies (pinned memory on CUDA).
   explicit StepOutcome(const c10::Device& device);
   ~StepOutcome();
   StepOutcome(const StepOutcome&) = delete;

@@ -32,6 +32,7 @@
 
 namespace ddp {
 
+/// Options of DataParallel: the replica devices, the output device and the split dimension.
 struct DataParallelOptions {
   /// The devices to replicate over, one replica each (a device may repeat). Empty: every visible CUDA device.
   TORCH_ARG(std::vector<c10::Device>, devices) = {};
@@ -72,6 +73,9 @@ void copy_buffers(const torch::nn::Module& from, torch::nn::Module& to);
 template <typename ModuleType>
 class DataParallel {
  public:
+  /// Wraps `module`, which must be non-null and have every parameter and buffer on the first device already (it is
+  /// never moved). Throws c10::Error when the module is null, when no device is named and no CUDA device is visible,
+  /// or when a parameter or buffer is elsewhere (the error names it).
   explicit DataParallel(std::shared_ptr<ModuleType> module, DataParallelOptions options = {})
       : module_(std::move(module)), options_(std::move(options)) {
     TORCH_CHECK(module_ != nullptr, "DataParallel: module is null");
@@ -79,9 +83,14 @@ class DataParallel {
     output_device_ = options_.output_device().value_or(devices_.front());
     detail::check_module_on(*module_, devices_.front());
   }
+  /// Wraps the module that the holder `module` points to; the same checks as the shared_ptr constructor.
   explicit DataParallel(const torch::nn::ModuleHolder<ModuleType>& module, DataParallelOptions options = {})
       : DataParallel(module.ptr(), std::move(options)) {}
 
+  /// Splits `input` along dim into at most devices().size() chunks (fewer when the batch is smaller), runs one
+  /// replica per chunk, copies replica 0's buffers back into the module and returns the outputs concatenated on
+  /// output_device(). With a single chunk the module itself runs. Throws c10::Error for an undefined, 0-dimensional
+  /// or empty input, a dim out of range, or a failing replica (the error names the replica and its device).
   at::Tensor forward(const at::Tensor& input) {
     const std::vector<at::Tensor> chunks = detail::scatter(input, devices_, options_.dim());
     if (chunks.size() == 1) return module_->forward(chunks.front()).to(output_device_);
@@ -93,10 +102,14 @@ class DataParallel {
     detail::copy_buffers(*replicas.front(), *module_);
     return detail::gather(outputs, output_device_, options_.dim());
   }
+  /// Same as forward(input).
   at::Tensor operator()(const at::Tensor& input) { return forward(input); }
 
+  /// The wrapped module, whose parameters receive the gradients.
   const std::shared_ptr<ModuleType>& module() const { return module_; }
+  /// The replica devices: the ones the options name, or every visible CUDA device.
   const std::vector<c10::Device>& devices() const { return devices_; }
+  /// Where forward() gathers the outputs: the options' output_device, or devices()[0].
   const c10::Device& output_device() const { return output_device_; }
 
  private:

@@ -24,6 +24,9 @@
 
 namespace ddp {
 
+/// Options of DistributedDataParallel: bucket caps, what is synchronized and how. The constructor checks them and
+/// throws c10::Error for a cap or predivide factor <= 0, or an allreduce_dtype other than Float, Half, BFloat16 or
+/// Double.
 struct DistributedDataParallelOptions {
   /// Largest bucket, in MB (2^20 bytes) of gradient in the allreduce dtype. A parameter larger than the cap gets
   /// a bucket of its own.
@@ -52,9 +55,11 @@ struct DistributedDataParallelOptions {
 
 /// One bucket's layout, for inspection.
 struct BucketInfo {
-  std::vector<std::string> parameter_names;  // in bucket order (reverse registration order until rebuilt)
+  std::vector<std::string> parameter_names;  ///< in bucket order (reverse registration order until rebuilt)
+  /// Gradient elements of all its parameters together.
   int64_t num_elements = 0;
-  c10::ScalarType dtype = c10::kFloat;  // the allreduce dtype
+  c10::ScalarType dtype = c10::kFloat;  ///< the allreduce dtype
+  /// The device of the bucket and of its parameters.
   c10::Device device = c10::kCPU;
   /// Storage the bucket keeps between backward passes: its flat buffer; none under gradient sharding (the flat
   /// buffer, the padded wire buffer and the received slice then live from its launch to the end of backward).
@@ -63,11 +68,11 @@ struct BucketInfo {
 
 /// When things happened in the last synchronized backward pass (steady clock), to verify overlap.
 struct BackwardTimeline {
-  using TimePoint = std::chrono::steady_clock::time_point;
-  TimePoint first_gradient_ready;
-  TimePoint last_gradient_ready;
-  TimePoint backward_finished;           // the end-of-backward callback started
-  std::vector<TimePoint> bucket_issued;  // per bucket: its allreduce was started
+  using TimePoint = std::chrono::steady_clock::time_point;  ///< a steady_clock instant
+  TimePoint first_gradient_ready;        ///< the first parameter's gradient hook ran (the pass started)
+  TimePoint last_gradient_ready;         ///< the last parameter's gradient hook ran
+  TimePoint backward_finished;           ///< the end-of-backward callback started
+  std::vector<TimePoint> bucket_issued;  ///< per bucket: its allreduce was started
   /// The end-of-backward callback ended: every allreduce waited for and written back (or handed to the consumer).
   /// allreduces_done - backward_finished is the time backward blocked the host on communication (the CPU; on CUDA
   /// the wait is on the streams, so this is only the launch time).
@@ -76,7 +81,7 @@ struct BackwardTimeline {
 
 /// What the bucket hooks see; see DistributedDataParallel::set_bucket_reduced_hook and set_bucket_consumer.
 struct ReducedBucket {
-  int64_t index = 0;
+  int64_t index = 0;  ///< the bucket's position in buckets(), 0 first
   /// The flat bucket after the allreduce: the sum over ranks of gradient / gradient_predivide_factor, in the
   /// allreduce dtype; grads[i] occupies the next grads[i].numel() elements (no padding), in bucket order.
   at::Tensor buffer;
@@ -115,7 +120,7 @@ struct ReducedBucket {
 /// the caller's stream waits for (without blocking the host) before backward returns.
 class DistributedDataParallel {
  public:
-  using Options = DistributedDataParallelOptions;
+  using Options = DistributedDataParallelOptions;  ///< the options type
 
   /// Wraps `module` (a shared_ptr to any torch::nn::Module subclass). When the module has a single forward(),
   /// DistributedDataParallel::forward() calls it.
@@ -132,7 +137,9 @@ class DistributedDataParallel {
                           Options options = {})
       : DistributedDataParallel(module.ptr(), std::move(process_group), std::move(options)) {}
 
+  /// Takes over the source's module, hooks and buckets; the source may then only be destroyed or assigned to.
   DistributedDataParallel(DistributedDataParallel&&) noexcept;
+  /// Takes over the right-hand side's module, hooks and buckets, releasing this object's own.
   DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
   ~DistributedDataParallel();
 
@@ -159,6 +166,8 @@ class DistributedDataParallel {
   /// accumulation); the first backward after the scope averages the accumulated gradients. Not nestable.
   class NoSyncGuard {
    public:
+    /// Turns synchronization of `ddp` off until the guard is destroyed. Throws c10::Error when a guard of `ddp` is
+    /// already alive. Local: no collective.
     explicit NoSyncGuard(DistributedDataParallel& ddp);
     ~NoSyncGuard();
     NoSyncGuard(const NoSyncGuard&) = delete;
@@ -167,6 +176,7 @@ class DistributedDataParallel {
    private:
     DistributedDataParallel& ddp_;
   };
+  /// A NoSyncGuard for this object: keep it alive for the scope (`auto guard = ddp.no_sync();`).
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
   /// An observer of reduced gradients: `hook` runs once per bucket, in bucket order, on the thread that finishes
@@ -183,9 +193,13 @@ class DistributedDataParallel {
   /// hook. An empty function removes the consumer.
   void set_bucket_consumer(std::function<bool(const ReducedBucket&)> consumer);
 
+  /// The wrapped module.
   const std::shared_ptr<torch::nn::Module>& module() const;
+  /// The process group the gradients are averaged over.
   const ProcessGroup& process_group() const;
+  /// The options given at construction.
   const Options& options() const;
+  /// The current bucket layout, in bucket (launch) order. Local: no collective.
   std::vector<BucketInfo> buckets() const;
 
   /// The gradient order the buckets follow from the next training forward() on, as indices into the module's
@@ -214,6 +228,7 @@ class DistributedDataParallel {
   /// write a whole average back: a bucket nobody takes is an error out of backward). Freezes the bucket layout.
   /// Call it on every rank, outside backward.
   void set_gradient_sharding(bool enabled);
+  /// Whether gradient sharding (set_gradient_sharding) is on. Default false.
   bool gradient_sharding() const;
   /// Timestamps of the last backward pass that synchronized.
   const BackwardTimeline& last_backward_timeline() const;
@@ -242,8 +257,8 @@ class DistributedDataParallel {
     }
   }
 
-  torch::nn::AnyModule any_module_;                        // a module with a single forward()
-  std::shared_ptr<torch::nn::SequentialImpl> sequential_;  // Sequential's forward is a template
+  torch::nn::AnyModule any_module_;                        ///< a module with a single forward()
+  std::shared_ptr<torch::nn::SequentialImpl> sequential_;  ///< Sequential's forward is a template
   std::unique_ptr<Impl> impl_;
 };
 

@@ -61,18 +61,26 @@ struct InitOptions {
 /// Cheap to copy (shared handles). Collectives of the group must be issued in the same order on every rank.
 class ProcessGroup {
  public:
-  /// `device`: where this group's collectives take tensors (CPU for Gloo, which also takes CUDA tensors; the
-  /// rank's CUDA device for NCCL).
+  /// Wraps a backend that is already built, the store its ranks met through, the backend's name ("gloo", "nccl")
+  /// and the collective timeout it was built with. `device`: where this group's collectives take tensors (CPU for
+  /// Gloo, which also takes CUDA tensors; the rank's CUDA device for NCCL). Throws c10::Error when `backend` is null.
+  /// init_process_group() is the usual way to get one.
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
                std::string backend_name, std::chrono::milliseconds timeout, c10::Device device = c10::kCPU);
 
+  /// This process's rank in the group, 0 <= rank() < size().
   int rank() const { return backend_->getRank(); }
+  /// The number of ranks in the group (the world size).
   int size() const { return backend_->getSize(); }
+  /// The backend's name, "gloo" or "nccl".
   const std::string& backend_name() const { return backend_name_; }
+  /// The collective timeout the backend was built with.
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// Where bookkeeping tensors for this group's collectives must live (see the constructor).
   c10::Device device() const { return device_; }
+  /// The c10d backend, for collectives this class does not wrap.
   const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
+  /// The store the ranks met through (from init_process_group(): the TCPStore rank 0 hosts).
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
   /// Starts an in-place SUM allreduce of `tensor` (dense, contiguous, same shape and dtype on every rank) and

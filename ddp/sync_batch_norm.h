@@ -19,6 +19,8 @@ namespace ddp {
 
 /// BatchNorm's options (torch::nn::BatchNormOptions) plus the group whose ranks share the batch statistics.
 struct SyncBatchNormOptions {
+  /// Defaults for `num_features` channels (checked when the module is built, not here); implicit, so a channel
+  /// count converts.
   /* implicit */ SyncBatchNormOptions(int64_t num_features);  // NOLINT(google-explicit-constructor)
 
   /// C, the channel dimension (dim 1) of the input. Must be > 0.
@@ -68,12 +70,18 @@ struct SyncBatchNormOptions {
 /// Eval mode and groups of size 1 cost what torch::nn::BatchNorm costs (they call at::batch_norm).
 class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
  public:
+  /// Builds the layer and calls reset(). Throws c10::Error unless num_features > 0, eps >= 0, momentum (when set)
+  /// lies in [0, 1] and dimensionality (when set) is 1, 2 or 3.
   explicit SyncBatchNormImpl(const SyncBatchNormOptions& options);
+  /// Same as SyncBatchNormImpl(SyncBatchNormOptions(num_features)): the default options, no process group yet.
   SyncBatchNormImpl(int64_t num_features) : SyncBatchNormImpl(SyncBatchNormOptions(num_features)) {}
 
   /// (Re)creates parameters (weight = 1, bias = 0) and buffers (mean 0, var 1, count 0).
   void reset() override;
+  /// Sets running_mean to 0, running_var to 1 and num_batches_tracked to 0, in place; nothing without
+  /// track_running_stats.
   void reset_running_stats();
+  /// reset_running_stats(), then weight = 1 and bias = 0 in place (with affine).
   void reset_parameters();
 
   /// `input`: (N, C, *) of kFloat, kDouble, kHalf or kBFloat16 on any device (every rank of the group on the same
@@ -83,14 +91,16 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   /// Sets the group (e.g. after convert_sync_batch_norm without one, or to move to a subgroup).
   void set_process_group(std::optional<ProcessGroup> process_group);
 
+  /// Writes "ddp::SyncBatchNorm(C, eps=..., momentum=..., affine=..., track_running_stats=..., world_size=N)";
+  /// world_size is 0 without a process group.
   void pretty_print(std::ostream& stream) const override;
 
-  SyncBatchNormOptions options;
-  at::Tensor weight;
-  at::Tensor bias;
-  at::Tensor running_mean;
-  at::Tensor running_var;
-  at::Tensor num_batches_tracked;
+  SyncBatchNormOptions options;    ///< the options it was built with (process_group as last set)
+  at::Tensor weight;               ///< (C,) fp32 parameter "weight"; undefined without affine
+  at::Tensor bias;                 ///< (C,) fp32 parameter "bias"; undefined without affine
+  at::Tensor running_mean;         ///< (C,) fp32 buffer; undefined without track_running_stats
+  at::Tensor running_var;          ///< (C,) fp32 buffer (unbiased); undefined without track_running_stats
+  at::Tensor num_batches_tracked;  ///< int64 0-dim buffer: training forwards seen; undefined likewise
 
  private:
   void check_peers_once();

@@ -27,31 +27,33 @@ class ProcessGroup;
 
 /// One interval of a rank's timeline (an instant when start_us == end_us).
 struct TimelineEvent {
-  std::string name;     // "forward", "backward", "optimizer step", "allreduce bucket 2", "unscale bucket 2", ...
-  std::string lane;     // the row it is drawn on: "step" (the loop's phases), "buckets" (readiness), "comm", "amp"
-  int64_t step = 0;     // the training step (1-based, of the run) it belongs to
-  int64_t bucket = -1;  // the gradient bucket, or -1
-  double start_us = 0;  // microseconds on the host's steady clock (see TimelineEvent::origin_us in gather)
-  double end_us = 0;
+  std::string name;     ///< "forward", "backward", "optimizer step", "allreduce bucket 2", "unscale bucket 2", ...
+  std::string lane;     ///< the row it is drawn on: "step" (the loop's phases), "buckets" (readiness), "comm", "amp"
+  int64_t step = 0;     ///< the training step (1-based, of the run) it belongs to
+  int64_t bucket = -1;  ///< the gradient bucket, or -1
+  double start_us = 0;  ///< microseconds on the host's steady clock (gather_timeline may shift it, see there)
+  double end_us = 0;    ///< as start_us; equal to it for an instant
 };
 
-/// Steps [first_step, last_step] (1-based, inclusive) of a run are recorded. At most kMaxTimelineSteps steps: a window
-/// is for a close look at a few steps (each keeps its events, on CUDA their timing events, until resolve()).
+/// The most steps a TimelineWindow may span: a window is for a close look at a few steps (each keeps its events, on
+/// CUDA their timing events, until resolve()).
 constexpr int64_t kMaxTimelineSteps = 50;
+/// Steps [first_step, last_step] (1-based, inclusive) of a run are recorded; at most kMaxTimelineSteps steps.
 struct TimelineWindow {
-  int64_t first_step = 1;
-  int64_t last_step = 1;
+  int64_t first_step = 1;  ///< the first step recorded, >= 1
+  int64_t last_step = 1;   ///< the last step recorded, >= first_step
 };
 
 /// Records the events of the steps of its window. Thread-safe: the communication thread adds events too.
 class Timeline {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;  ///< the host clock of every time
 
   /// Records steps `window.first_step`..`window.last_step`. Throws std::invalid_argument when first_step < 1,
   /// last_step < first_step, or the window is longer than kMaxTimelineSteps.
   explicit Timeline(TimelineWindow window);
 
+  /// The steps it records, as given.
   const TimelineWindow& window() const { return window_; }
   /// Step `step` (1-based, of the run) begins.
   void begin_step(int64_t step);
@@ -66,8 +68,8 @@ class Timeline {
 
   /// A point in time: the host clock now (CPU), or a timing event recorded on `stream` now (CUDA).
   struct Mark {
-    std::optional<Clock::time_point> host;
-    std::shared_ptr<c10::Event> event;
+    std::optional<Clock::time_point> host;  ///< the host time (CPU); nullopt for a device mark
+    std::shared_ptr<c10::Event> event;      ///< the recorded timing event (CUDA); null for a host mark
   };
   /// Now on the host, or on `stream` when it is a CUDA stream (the event completes when the stream gets there).
   static Mark mark(const std::optional<c10::Stream>& stream = std::nullopt);

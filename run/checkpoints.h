@@ -20,6 +20,7 @@ struct CheckpointOptions {
   /// A folder of checkpoints by step (step-<12 digits>.pt), the newest keep_last kept; replaces `file`. A run
   /// started on it continues from the newest checkpoint that loads.
   std::string folder;
+  /// With a folder: how many of the newest checkpoints a save keeps (older ones are deleted). Must be > 0.
   int64_t keep_last = 3;
   /// Also save every this many optimizer steps of the run (counted over resumes), not only at the end.
   std::optional<int64_t> every;
@@ -45,6 +46,7 @@ class Checkpoints {
   /// Throws std::invalid_argument (one line) for keep_last or every not positive, and for a folder path that is a file.
   explicit Checkpoints(CheckpointOptions options);
 
+  /// The options it was built with.
   const CheckpointOptions& options() const { return options_; }
   /// Whether the run saves anywhere (a file or a folder).
   bool enabled() const { return !options_.file.empty() || !options_.folder.empty(); }

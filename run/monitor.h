@@ -41,7 +41,7 @@ struct MonitorOptions {
   /// The run's first step (counted over resumes, 1-based: > 1 when it continues a checkpoint) and its last (the
   /// metrics log it; the timeline's default window fits into them). Every rank passes the same.
   int64_t first_step = 1;
-  int64_t last_step = 1;
+  int64_t last_step = 1;  ///< the run's last step (run::last_step computes it); see first_step
 };
 
 /// Watches one training run from a loop of the user's own:
@@ -64,7 +64,7 @@ struct MonitorOptions {
 /// (ObservedRun::values, the phase times on CUDA).
 class Monitor {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;  ///< the clock of the epoch times and the progress line
 
   /// Opens the metrics file on rank 0 (appended to when options.observe.resumed). Throws as RunObserver does.
   Monitor(const MonitorOptions& options, int rank, int world_size, const torch::Device& device, ObservedRun run = {},
@@ -97,6 +97,7 @@ class Monitor {
   int64_t next_step() const { return next_step_; }
   /// The mean of this rank's step losses so far in the epoch.
   double epoch_mean_loss() const;
+  /// The RunObserver it feeds: the logged steps, the epochs and the gathered timeline.
   const RunObserver& observer() const { return observer_; }
 
  private:
@@ -105,12 +106,12 @@ class Monitor {
   RunObserver observer_;
   int64_t next_step_;
   int64_t epoch_ = 0;
-  int64_t batch_ = 0;  // batches of the epoch done
+  int64_t batch_ = 0;  ///< batches of the epoch done
   EpochLoss loss_;
-  int64_t samples_ = 0;  // the job's samples since begin_epoch
+  int64_t samples_ = 0;  ///< the job's samples since begin_epoch
   Clock::time_point epoch_start_{};
-  std::optional<Clock::time_point> trained_;  // epoch_trained() was called, then
-  std::optional<StepPhases> phases_;          // the step in progress
+  std::optional<Clock::time_point> trained_;  ///< epoch_trained() was called, then
+  std::optional<StepPhases> phases_;          ///< the step in progress
 };
 
 }  // namespace run

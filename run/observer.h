@@ -23,12 +23,12 @@ namespace run {
 /// What a run records and where. The messages of check_observe_options() name the examples' flags (--metrics,
 /// --metrics-every, --report, --timeline, --timeline-steps), one per field.
 struct ObserveOptions {
-  std::string metrics;                   // --metrics: JSON lines, rank 0; empty: none
-  std::optional<int64_t> metrics_every;  // --metrics-every: log every this many steps (default_metrics_every)
-  std::string report;                    // --report: the HTML report, rank 0; empty: none
-  std::string timeline;                  // --timeline: Chrome trace JSON of the window, rank 0; empty: none
-  std::string timeline_steps;  // --timeline-steps "A:B" (steps of the run, inclusive) or "A"; empty: the default
-  bool resumed = false;        // the run continues a checkpoint: --metrics is appended to, not started over
+  std::string metrics;                   ///< --metrics: JSON lines, rank 0; empty: none
+  std::optional<int64_t> metrics_every;  ///< --metrics-every: log every this many steps (default_metrics_every)
+  std::string report;                    ///< --report: the HTML report, rank 0; empty: none
+  std::string timeline;                  ///< --timeline: Chrome trace JSON of the window, rank 0; empty: none
+  std::string timeline_steps;  ///< --timeline-steps "A:B" (steps of the run, inclusive) or "A"; empty: the default
+  bool resumed = false;        ///< the run continues a checkpoint: --metrics is appended to, not started over
 };
 
 /// Throws std::invalid_argument "<flag> '<path>': ..." unless `path` can be written: its folder exists and is
@@ -59,10 +59,10 @@ std::optional<ddp::TimelineWindow> timeline_window(const ObserveOptions& options
 
 /// The run's parts the observer reads.
 struct ObservedRun {
-  std::string description;                      // the run's header line, for the report's configuration
-  std::function<StepValues()> values;           // lr, loss scale, ...: called by rank 0 on logged steps
-  const ddp::ProcessGroup* group = nullptr;     // per-rank times are gathered over it (null: one process)
-  ddp::DistributedDataParallel* ddp = nullptr;  // its buckets go into the timeline, its wait into comm_wait_ms
+  std::string description;                      ///< the run's header line, for the report's configuration
+  std::function<StepValues()> values;           ///< lr, loss scale, ...: called by rank 0 on logged steps
+  const ddp::ProcessGroup* group = nullptr;     ///< per-rank times are gathered over it (null: one process)
+  ddp::DistributedDataParallel* ddp = nullptr;  ///< its buckets go into the timeline, its wait into comm_wait_ms
 };
 
 /// Watches one training run. Every rank makes one; the logged steps and the timeline's window are the same
@@ -91,7 +91,9 @@ class RunObserver {
   /// After the last step (every rank): gathers a window the run stopped inside, and writes --report on rank 0.
   void finish();
 
+  /// The logged steps' records, in order (rank 0; empty on the other ranks).
   const std::vector<StepRecord>& steps() const { return steps_; }
+  /// The ended epochs' records, in order (rank 0; empty on the other ranks).
   const std::vector<EpochRecord>& epochs() const { return epochs_; }
   /// The gathered window (rank r's events at [r]); empty before it is gathered.
   const std::vector<std::vector<ddp::TimelineEvent>>& timeline() const { return gathered_; }
@@ -108,7 +110,7 @@ class RunObserver {
   ObservedRun run_;
   int64_t first_step_;
   int64_t last_step_;
-  int metrics_fd_ = -1;  // --metrics, opened for appending (rank 0)
+  int metrics_fd_ = -1;  ///< --metrics, opened for appending (rank 0)
   int64_t metrics_every_;
   std::shared_ptr<ddp::Timeline> timeline_;
   bool gathered_window_ = false;
@@ -116,7 +118,7 @@ class RunObserver {
   std::vector<EpochRecord> epochs_;
   std::vector<std::vector<ddp::TimelineEvent>> gathered_;
   std::chrono::steady_clock::time_point last_logged_;
-  double paused_seconds_ = 0.0;  // since last_logged_, not training (evaluations)
+  double paused_seconds_ = 0.0;  ///< since last_logged_, not training (evaluations)
   int64_t samples_since_logged_ = 0;
 };
 

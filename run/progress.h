@@ -27,7 +27,7 @@ ProgressStyle progress_style(bool quiet, std::FILE* out);
 /// with a clock of its own (no sleeps).
 class Progress {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;  ///< the clock of the `now` arguments
 
   /// `every_seconds`: kLines's interval (0: a line after every step); a terminal redraws at most every 0.2 s.
   Progress(ProgressStyle style, double every_seconds, std::FILE* out = stdout);
@@ -55,7 +55,7 @@ class Progress {
   Clock::time_point start_{};
   Clock::time_point last_shown_{};
   bool shown_any_ = false;
-  size_t open_line_width_ = 0;  // characters of the terminal line being rewritten; 0: none open
+  size_t open_line_width_ = 0;  ///< characters of the terminal line being rewritten; 0: none open
 };
 
 }  // namespace run

@@ -16,13 +16,15 @@ namespace run {
 
 /// What the report shows.
 struct RunReport {
+  /// The page's title element and its heading (HTML-escaped).
   std::string title = "Training run";
-  std::string description;  // the run's header line (its configuration)
+  std::string description;  ///< the run's header line (its configuration)
+  /// The number of processes (ranks) in the run, shown in the summary table.
   int world_size = 1;
-  int64_t first_step = 1;                                 // the first step this process took (> 1: it resumed the run)
-  std::vector<StepRecord> steps;                          // the logged steps
-  std::vector<EpochRecord> epochs;                        // the ends of epochs
-  std::vector<std::vector<ddp::TimelineEvent>> timeline;  // per rank, the recorded window (may be empty)
+  int64_t first_step = 1;                                 ///< the first step this process took (> 1: a resumed run)
+  std::vector<StepRecord> steps;                          ///< the logged steps
+  std::vector<EpochRecord> epochs;                        ///< the ends of epochs
+  std::vector<std::vector<ddp::TimelineEvent>> timeline;  ///< per rank, the recorded window (may be empty)
 };
 
 /// Points a chart draws at most per series; longer series are thinned to every k-th point (the last one kept).
@@ -33,8 +35,8 @@ constexpr size_t kMaxTooltipPoints = 50;
 
 /// One line of a chart: (x, y) points in x order.
 struct ChartSeries {
-  std::string name;
-  std::vector<std::pair<double, double>> points;
+  std::string name;                               ///< shown in the legend and the tooltips (HTML-escaped)
+  std::vector<std::pair<double, double>> points;  ///< (x, y), x ascending
 };
 
 /// What a line chart's y axis holds.

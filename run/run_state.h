@@ -16,9 +16,11 @@ namespace run {
 
 /// The step losses of an epoch so far (one rank's): what its printed mean loss is made of.
 struct EpochLoss {
-  double sum = 0.0;
-  int64_t steps = 0;
+  double sum = 0.0;   ///< the sum of the step losses
+  int64_t steps = 0;  ///< how many steps the sum holds
+  /// sum / steps; 0 before the first step.
   double mean() const { return steps > 0 ? sum / static_cast<double>(steps) : 0.0; }
+  /// Adds one step's `loss`.
   void add(double loss) {
     sum += loss;
     ++steps;
@@ -27,9 +29,9 @@ struct EpochLoss {
 
 /// Where a run stands.
 struct TrainingPosition {
-  int64_t epoch = 1;         // the epoch in progress (1-based)
-  int64_t batches_done = 0;  // of that epoch, in its shuffled order; always below the epoch's number of batches
-  int64_t steps = 0;         // optimizer steps since the run began, over every resume
+  int64_t epoch = 1;         ///< the epoch in progress (1-based)
+  int64_t batches_done = 0;  ///< of that epoch, in its shuffled order; always below the epoch's number of batches
+  int64_t steps = 0;         ///< optimizer steps since the run began, over every resume
   /// The losses of the epoch's steps done so far, so that a run resumed inside the epoch prints the same mean loss for
   /// it as the unbroken run (run::Monitor::begin_epoch takes them).
   EpochLoss epoch_loss{};
@@ -56,13 +58,17 @@ int64_t last_step(const TrainingPosition& at, int64_t epochs, int64_t batches_pe
 /// them: the seed, the batch per process or the job's global batch, the number of processes unless the batch is
 /// global, the number of training samples), and torch's default CPU generator.
 struct RunState {
+  /// Where the run stands.
   TrainingPosition position;
+  /// The caller's random seed (the examples' --seed), recorded for the resume check; the library does not use it.
   uint64_t seed = 0;
-  int64_t batch_size = 0;         // per process
-  int64_t global_batch_size = 0;  // the job's batch (DistributedSampler::Order::kGlobal); 0: split by processes
+  int64_t batch_size = 0;         ///< per process
+  int64_t global_batch_size = 0;  ///< the job's batch (DistributedSampler::Order::kGlobal); 0: split by processes
+  /// The number of processes. Must be >= 1 (read_run_state refuses less).
   int64_t world_size = 1;
+  /// The number of training samples the run draws from (>= 0).
   int64_t train_samples = 0;
-  torch::Tensor cpu_generator_state;  // uint8, torch's default CPU generator (at::Generator::get_state)
+  torch::Tensor cpu_generator_state;  ///< uint8, torch's default CPU generator (at::Generator::get_state)
   /// ddp::DistributedDataParallel::gradient_order() on rank 0 (its bucket layout), restored on resume
   /// (restore_gradient_order) so that the allreduce adds in the same order (with more than 2 ranks that decides the
   /// last bits); empty for a run without DDP.

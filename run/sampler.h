@@ -34,6 +34,8 @@ namespace run {
 ///   the same on any number of ranks, so a run saved on 4 processes resumes on 2 with the same steps.
 class DistributedSampler {
  public:
+  /// How an epoch's shuffle is split among ranks and steps: kPerRank (a contiguous block per rank, the default) or
+  /// kGlobal (step s takes the job's batch s of the shuffle); see the class comment.
   enum class Order { kPerRank, kGlobal };
 
   /// `dataset_size` samples, `batch_size` per rank (> 0), this `rank` of `world_size`. Throws std::invalid_argument
@@ -50,6 +52,7 @@ class DistributedSampler {
   /// This rank's next batch of the epoch: int64 sample indices, in order; nullopt once the epoch's batches are done.
   std::optional<torch::Tensor> next();
 
+  /// The epoch set last by set_epoch (0 before the first call).
   int64_t epoch() const { return epoch_; }
   /// Batches of this epoch that next() has handed out (a checkpoint records it; set_epoch takes it back).
   int64_t batches_done() const { return batches_done_; }
@@ -69,7 +72,7 @@ class DistributedSampler {
   Order order_;
   int64_t epoch_ = 0;
   int64_t batches_done_ = 0;
-  torch::Tensor indices_;  // this rank's samples of the epoch, batch after batch
+  torch::Tensor indices_;  ///< this rank's samples of the epoch, batch after batch
 };
 
 }  // namespace run

@@ -19,6 +19,7 @@ done
 TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
 VENV="${VENV:-.venv}"
 PACKAGES=(cmake ninja-build ccache g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libgloo-dev zlib1g-dev gnuplot-nox
+          doxygen graphviz
           dataset-fashion-mnist iproute2)
 
 missing=()

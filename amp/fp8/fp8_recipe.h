@@ -28,19 +28,22 @@ struct Fp8Recipe {
   /// The FP8 dtype of tensor `role` (kFp8Input, kFp8Weight, kFp8GradOutput).
   c10::ScalarType dtype(int role) const;
 
+  /// Delayed (default) or current scaling.
   TORCH_ARG(Fp8Scaling, scaling) = Fp8Scaling::kDelayed;
+  /// Which FP8 dtypes the tensors are cast to (default kHybrid).
   TORCH_ARG(Fp8Format, format) = Fp8Format::kHybrid;
-  /// Entries of each tensor's amax history (>= 1; 1 = the previous step's amax).
+  /// Entries of each tensor's amax history (1..1048576; 1 = the previous step's amax).
   TORCH_ARG(int64_t, amax_history_len) = 1024;
   /// Scales are divided by 2^margin (0..63): headroom for amaxes that grow between steps.
   TORCH_ARG(int64_t, margin) = 0;
+  /// Delayed scaling: whether a scale comes from the history's max (default) or its most recent amax.
   TORCH_ARG(Fp8AmaxCompute, amax_compute) = Fp8AmaxCompute::kMax;
 };
 
 /// The tensors of a layer that are cast to FP8, in the order of its scaling state's rows.
-inline constexpr int kFp8Input = 0;
-inline constexpr int kFp8Weight = 1;
-inline constexpr int kFp8GradOutput = 2;
-inline constexpr int kFp8TensorsPerLayer = 3;
+inline constexpr int kFp8Input = 0;            ///< row 0: the layer's input
+inline constexpr int kFp8Weight = 1;           ///< row 1: the weight
+inline constexpr int kFp8GradOutput = 2;       ///< row 2: the gradient of the layer's output
+inline constexpr int kFp8TensorsPerLayer = 3;  ///< rows of scaling state per layer
 
 }  // namespace amp

@@ -53,10 +53,10 @@ class Fp8State {
 
  private:
   Fp8Recipe recipe_;
-  at::Tensor history_;    // [3 * layers, L]
-  at::Tensor scale_;      // [3 * layers]
-  at::Tensor scale_inv_;  // [3 * layers]
-  at::Tensor fp8_max_;    // [3 * layers]
+  at::Tensor history_;    ///< [3 * layers, L]
+  at::Tensor scale_;      ///< [3 * layers]
+  at::Tensor scale_inv_;  ///< [3 * layers]
+  at::Tensor fp8_max_;    ///< [3 * layers]
   const ddp::ProcessGroup* group_ = nullptr;
   std::vector<std::string> report_;
   bool reduced_ = false;

@@ -29,16 +29,19 @@ namespace amp {
 /// untouched. One process writes (with DDP: rank 0, or each rank its own folder); the folder is not a lock.
 class CheckpointDir {
  public:
+  /// One checkpoint in the folder.
   struct Entry {
-    int64_t step = 0;
-    std::string path;
+    int64_t step = 0;  ///< the step in its file name (>= 0)
+    std::string path;  ///< "<folder>/step-<step, 12 digits>.pt"
   };
 
   /// `keep_last` >= 1: save() removes all but the newest keep_last checkpoints after a write. The folder is created
   /// by the first save() (with its parents); a path that exists and is not a folder is refused here, one line.
   explicit CheckpointDir(std::string folder, int64_t keep_last = 3);
 
+  /// The folder as given to the constructor.
   const std::string& folder() const { return folder_; }
+  /// How many checkpoints save() and prune() keep (>= 1).
   int64_t keep_last() const { return keep_last_; }
 
   /// "<folder>/step-<step, 12 digits>.pt" (step >= 0).
@@ -64,7 +67,7 @@ class CheckpointDir {
                                    const std::function<void(const std::string& line)>& warn = {}) const;
 
  private:
-  std::string in_folder(const std::string& name) const;  // "<folder>/<name>"
+  std::string in_folder(const std::string& name) const;  ///< "<folder>/<name>"
 
   std::string folder_;
   int64_t keep_last_;

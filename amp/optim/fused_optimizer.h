@@ -27,8 +27,9 @@ class FusedOptimizer {
   /// Every state tensor the optimizer holds (moments, momentum buffers, step counts, device learning rates): what
   /// its state costs in memory (amp::Optimizer::held_bytes).
   virtual std::vector<at::Tensor> state_tensors() const = 0;
-  /// The per-parameter entries save() writes, as `group<g>.<field>.<i>`: "step" (a 1-element count) first, then
-  /// the elementwise ones (shaped like the parameter). ZeRO re-shards checkpoints by these names.
+  /// The field names of the per-parameter entries save() writes. Each entry is named `group<g>.<field>.<i>`;
+  /// "step" (a 1-element count) comes first, then the elementwise ones (shaped like the parameter). ZeRO
+  /// re-shards checkpoints by these names.
   virtual std::vector<std::string> state_fields() const = 0;
 };
 

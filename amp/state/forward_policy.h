@@ -19,16 +19,19 @@ namespace amp {
 
 /// What amp::Model does around the wrapped module's forward, decided by the resolved options: Apex patched
 /// forward in Python; in C++ the wrapper does it. O1 opens an autocast scope; O2/O3 cast floating inputs to
-/// the model's half dtype; every opt level returns floating outputs in fp32.
+/// the model's half dtype; every opt level returns a floating at::Tensor result in fp32 (see output()).
 struct ForwardPolicy {
-  bool autocast = false;
-  bool cast_inputs = false;
-  c10::ScalarType half_dtype = c10::ScalarType::Half;
-  c10::DeviceType device_type = c10::DeviceType::CPU;
+  bool autocast = false;     ///< O1: run() opens an AutocastScope(device_type, half_dtype)
+  bool cast_inputs = false;  ///< the model was cast (O2/O3): input() casts floating tensors to half_dtype
+  c10::ScalarType half_dtype = c10::ScalarType::Half;  ///< Options::half_dtype: input, autocast and kept-norm casts
+  c10::DeviceType device_type = c10::DeviceType::CPU;  ///< the model's device type (for the autocast scope)
   /// keep_layernorm_fp32 under a model cast: the fp32 LayerNorm/GroupNorm modules whose ops get half casts of
   /// their parameters during the forward (Note [kept norms under a model cast] in amp/state/model_cast.h).
   std::vector<std::shared_ptr<torch::nn::Module>> kept_norms;
 
+  /// One argument as f receives it: under cast_inputs a defined floating at::Tensor becomes a copy in half_dtype;
+  /// other tensors pass as they are, and arguments of other types (containers of tensors included) are forwarded
+  /// unchanged.
   template <typename T>
   decltype(auto) input(T&& arg) const {
     if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
@@ -39,6 +42,8 @@ struct ForwardPolicy {
     }
   }
 
+  /// The result as run() returns it: a defined floating at::Tensor that is not fp32 becomes fp32; any other result
+  /// (an fp32 or integer tensor, a tuple or vector of tensors, a non-tensor) is returned unchanged.
   template <typename T>
   static T output(T&& result) {
     if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {

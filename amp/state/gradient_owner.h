@@ -31,7 +31,7 @@ class ParamSlots;
 struct OwnerContext {
   ParamSlots& slots;
   torch::optim::Optimizer& optimizer;
-  FusedOptimizer* fused;  // the optimizer, when it is one of amp's fused optimizers, else null
+  FusedOptimizer* fused;  ///< the optimizer, when it is one of amp's fused optimizers, else null
   const Options::Resolved& policy;
   /// No scale_loss scope has begun and no step() has run since initialize (an owner that reshapes state needs it).
   bool untouched;

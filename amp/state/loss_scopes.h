@@ -62,9 +62,9 @@ class LossScopes {
 
  private:
   std::vector<std::unique_ptr<LossScaler>> scalers_;
-  int64_t active_ = -1;  // the loss of the scope being backpropagated, -1 outside one
+  int64_t active_ = -1;  ///< the loss of the scope being backpropagated, -1 outside one
   bool active_delay_unscale_ = false;
-  int64_t scaled_ = -1;  // the loss whose scale delay_unscale gradients carry, -1 when none does
+  int64_t scaled_ = -1;  ///< the loss whose scale delay_unscale gradients carry, -1 when none does
   std::vector<int64_t> last_logged_step_;
   std::vector<int64_t> overflows_since_log_;
 };

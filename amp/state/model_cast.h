@@ -37,6 +37,9 @@ std::vector<std::shared_ptr<torch::nn::Module>> layer_and_group_norms(torch::nn:
 /// and restores them when it ends, also on an exception. Not thread-safe per module: one forward at a time.
 class KeptNormCast {
  public:
+  /// Replaces each defined `weight`/`bias` member of the LayerNorm/GroupNorm modules in `norms` that is not already
+  /// `dtype` by a differentiable cast to `dtype`; other modules in `norms` are left alone. If a cast throws, restores
+  /// what it replaced and rethrows.
   KeptNormCast(const std::vector<std::shared_ptr<torch::nn::Module>>& norms, c10::ScalarType dtype);
   ~KeptNormCast();
   KeptNormCast(const KeptNormCast&) = delete;

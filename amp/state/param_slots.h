@@ -58,8 +58,8 @@ class ParamSlots {
 
  private:
   std::vector<ParamSlot> slots_;
-  std::unordered_map<const c10::TensorImpl*, int64_t> index_of_;  // model tensor -> slot
-  std::unordered_map<std::string, int64_t> index_of_name_;        // parameter name -> slot
+  std::unordered_map<const c10::TensorImpl*, int64_t> index_of_;  ///< model tensor -> slot
+  std::unordered_map<std::string, int64_t> index_of_name_;        ///< parameter name -> slot
   c10::Device device_ = c10::kCPU;
 };
 

@@ -34,13 +34,13 @@ class ReplicatedGradients final : public GradientOwner {
   ParamSlots& slots_;
   FusedOptimizer* fused_;
   bool master_weights_;
-  std::vector<at::Tensor> stash_;  // unscaled grads of direct (masterless) params, kept across losses
-  struct ConsumedGrad {            // a masterless gradient consume_bucket unscaled in place during this loss's backward
+  std::vector<at::Tensor> stash_;  ///< unscaled grads of direct (masterless) params, kept across losses
+  struct ConsumedGrad {  ///< a masterless gradient consume_bucket unscaled in place during this loss's backward
     const c10::TensorImpl* grad = nullptr;
     int64_t version = 0;
   };
-  std::vector<ConsumedGrad> consumed_direct_;  // per slot
-  at::Tensor bucket_scale_;                    // consume_bucket's average * inv_scale (1-element fp32 on the device)
+  std::vector<ConsumedGrad> consumed_direct_;  ///< per slot
+  at::Tensor bucket_scale_;                    ///< consume_bucket's average * inv_scale (1-element fp32 on the device)
 };
 
 }  // namespace amp::detail

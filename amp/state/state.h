@@ -41,10 +41,10 @@ struct StepProgress {
   explicit StepProgress(const c10::Device& device);
   /// A scope unscaled its gradients with `scaler`: the step takes its overflow flag.
   void add_loss(const LossScaler& scaler);
-  at::Tensor found_inf;                  // 1-element fp32 on the device: the sum of the step's losses' flags
-  bool unscaled = false;                 // a scope unscaled gradients since the last step()
-  int64_t steps = 0;                     // step() calls so far
-  std::unique_ptr<StepOutcome> outcome;  // whether the last step() skipped
+  at::Tensor found_inf;                  ///< 1-element fp32 on the device: the sum of the step's losses' flags
+  bool unscaled = false;                 ///< a scope unscaled gradients since the last step()
+  int64_t steps = 0;                     ///< step() calls so far
+  std::unique_ptr<StepOutcome> outcome;  ///< whether the last step() skipped
 };
 
 /// Note [State's parts]
@@ -129,13 +129,13 @@ class State : public std::enable_shared_from_this<State> {
   ForwardPolicy forward_;
   torch::nn::Module* module_;
   torch::optim::Optimizer* optimizer_;
-  FusedOptimizer* fused_;  // the optimizer, when it is one of amp's fused optimizers
+  FusedOptimizer* fused_;  ///< the optimizer, when it is one of amp's fused optimizers
   ParamSlots slots_;
   LossScopes losses_;
   StepProgress progress_;
   std::unique_ptr<GradientOwner> owner_;
-  ZeroShard* zero_ = nullptr;      // owner_, when it is a ZeroShard
-  std::unique_ptr<Fp8State> fp8_;  // Options::fp8
+  ZeroShard* zero_ = nullptr;      ///< owner_, when it is a ZeroShard
+  std::unique_ptr<Fp8State> fp8_;  ///< Options::fp8
   std::function<void(const std::string&)> logger_;
 };
 

@@ -40,9 +40,10 @@ enum class ZeroPublish {
 /// Bytes of tensor storage the optimizer side of amp holds on this rank (each storage counted once): what ZeRO
 /// shards. The model's own parameters, DDP's buckets and the transient all-gather buffer are not counted.
 struct HeldBytes {
-  int64_t masters = 0;          // fp32 master weights (ZeRO: this rank's shard)
-  int64_t master_grads = 0;     // the gradients the optimizer reads (fp32 masters' gradients; ZeRO: the shard's)
-  int64_t optimizer_state = 0;  // moments, momentum buffers, step counts (FusedOptimizer::state_tensors)
+  int64_t masters = 0;          ///< fp32 master weights (ZeRO: this rank's shard)
+  int64_t master_grads = 0;     ///< the gradients the optimizer reads (fp32 masters' gradients; ZeRO: the shard's)
+  int64_t optimizer_state = 0;  ///< moments, momentum buffers, step counts (FusedOptimizer::state_tensors)
+  /// masters + master_grads + optimizer_state.
   int64_t total() const { return masters + master_grads + optimizer_state; }
 };
 

@@ -97,8 +97,8 @@ class ZeroShard final : public GradientOwner {
   std::string save_shard() const;
   /// What a sharded load has gathered so far for this rank's pieces, from shard files of any world size.
   struct ShardLoad {
-    at::Tensor masters, masters_seen;             // per element of this rank's shard
-    std::vector<at::Tensor> fields, fields_seen;  // per state field: per element (a step count repeated)
+    at::Tensor masters, masters_seen;             ///< per element of this rank's shard
+    std::vector<at::Tensor> fields, fields_seen;  ///< per state field: per element (a step count repeated)
   };
   ShardLoad begin_shard_load() const;
   /// Takes from one shard file's bytes (any rank of any world size) whatever overlaps this rank's pieces. Checks the
@@ -131,21 +131,21 @@ class ZeroShard final : public GradientOwner {
 
  private:
   struct Piece {
-    int64_t slot = 0;          // the parameter's slot (ParamSlots)
-    int64_t param_offset = 0;  // first element inside the (flattened) parameter
+    int64_t slot = 0;          ///< the parameter's slot (ParamSlots)
+    int64_t param_offset = 0;  ///< first element inside the (flattened) parameter
     int64_t numel = 0;
     int64_t bucket = 0;
-    int64_t bucket_offset = 0;   // first element inside the bucket
-    int rank = 0;                // the rank whose slice holds it
-    size_t dtype = 0;            // index into send_
-    int64_t send_offset = 0;     // first element inside its rank's send buffer
-    int64_t shard_offset = 0;    // this rank's pieces: first element inside masters_ / grads_
-    int64_t group = 0;           // the optimizer's param group
-    int64_t index_in_group = 0;  // this rank's pieces: position among the pieces the optimizer holds in that group
-    at::Tensor held;             // this rank's pieces: masters_ view the optimizer holds
-    at::Tensor grad;             // this rank's pieces: grads_ view
-    at::Tensor out;              // this rank's pieces: send buffer view the step writes the rounded value to
-    bool has_grad = false;       // received a gradient since zero_grad
+    int64_t bucket_offset = 0;   ///< first element inside the bucket
+    int rank = 0;                ///< the rank whose slice holds it
+    size_t dtype = 0;            ///< index into send_
+    int64_t send_offset = 0;     ///< first element inside its rank's send buffer
+    int64_t shard_offset = 0;    ///< this rank's pieces: first element inside masters_ / grads_
+    int64_t group = 0;           ///< the optimizer's param group
+    int64_t index_in_group = 0;  ///< this rank's pieces: position among the pieces the optimizer holds in that group
+    at::Tensor held;             ///< this rank's pieces: masters_ view the optimizer holds
+    at::Tensor grad;             ///< this rank's pieces: grads_ view
+    at::Tensor out;              ///< this rank's pieces: send buffer view the step writes the rounded value to
+    bool has_grad = false;       ///< received a gradient since zero_grad
   };
   /// One all-gather of a chunk-layout buffer per rank (`width` values per element): fill(piece, dst) writes this
   /// rank's piece; the result holds rank q's buffer at [q * width * chunk_total_, ...).
@@ -159,30 +159,30 @@ class ZeroShard final : public GradientOwner {
 
   ParamSlots& slots_;
   torch::optim::Optimizer& optimizer_;
-  FusedOptimizer* fused_;  // checked non-null at construction
+  FusedOptimizer* fused_;  ///< checked non-null at construction
   ddp::ProcessGroup pg_;
   ZeroStage stage_;
   ZeroPublish publish_mode_;
-  std::vector<ddp::BucketShards> shards_;       // per bucket
-  std::vector<std::vector<size_t>> my_pieces_;  // per bucket: indices into pieces_ of this rank's pieces
-  std::vector<Piece> pieces_;                   // every rank's, bucket by bucket, rank by rank
-  std::vector<size_t> step_order_;              // this rank's pieces in the optimizer's param-group order
-  at::Tensor masters_, grads_;                  // this rank's shard, fp32
-  std::vector<at::Tensor> send_;                // per model dtype: this rank's slices, padded to the chunks
-  struct PublishRange {                         // Note [pipelined publish]: one all-gather per bucket
-    size_t dtype = 0;                           // index into send_
-    int64_t send_begin = 0;                     // the bucket's chunk in send_[dtype]
+  std::vector<ddp::BucketShards> shards_;       ///< per bucket
+  std::vector<std::vector<size_t>> my_pieces_;  ///< per bucket: indices into pieces_ of this rank's pieces
+  std::vector<Piece> pieces_;                   ///< every rank's, bucket by bucket, rank by rank
+  std::vector<size_t> step_order_;              ///< this rank's pieces in the optimizer's param-group order
+  at::Tensor masters_, grads_;                  ///< this rank's shard, fp32
+  std::vector<at::Tensor> send_;                ///< per model dtype: this rank's slices, padded to the chunks
+  struct PublishRange {                         ///< Note [pipelined publish]: one all-gather per bucket
+    size_t dtype = 0;                           ///< index into send_
+    int64_t send_begin = 0;                     ///< the bucket's chunk in send_[dtype]
     int64_t chunk = 0;
-    size_t pieces_begin = 0, pieces_end = 0;  // its pieces (every rank's) in pieces_
+    size_t pieces_begin = 0, pieces_end = 0;  ///< its pieces (every rank's) in pieces_
   };
-  std::vector<PublishRange> publish_;         // per bucket
-  std::vector<int64_t> chunk_offset_;         // per bucket: where its chunk starts in a rank's all-dtype gather
-  int64_t chunk_total_ = 0;                   // the sum of every bucket's chunk
-  at::Tensor bucket_scale_;                   // consume_bucket's average * inv_scale (1-element fp32)
-  std::vector<int64_t> slot_index_in_group_;  // per slot: its position in its param group without ZeRO
+  std::vector<PublishRange> publish_;         ///< per bucket
+  std::vector<int64_t> chunk_offset_;         ///< per bucket: where its chunk starts in a rank's all-dtype gather
+  int64_t chunk_total_ = 0;                   ///< the sum of every bucket's chunk
+  at::Tensor bucket_scale_;                   ///< consume_bucket's average * inv_scale (1-element fp32)
+  std::vector<int64_t> slot_index_in_group_;  ///< per slot: its position in its param group without ZeRO
   // Note [deferred publish]: between start_publish and finish_publish, per bucket (empty when none is pending).
-  std::vector<at::Tensor> pending_gathered_;                   // every rank's chunks of the bucket
-  std::vector<c10::intrusive_ptr<c10d::Work>> pending_works_;  // null where nothing travels (one rank)
+  std::vector<at::Tensor> pending_gathered_;                   ///< every rank's chunks of the bucket
+  std::vector<c10::intrusive_ptr<c10d::Work>> pending_works_;  ///< null where nothing travels (one rank)
 };
 
 }  // namespace amp::detail

@@ -44,7 +44,7 @@ class HealthWatch {
     /// "made no progress for 60 s (--hang-timeout-s 60) while rank 0 waited for it; last seen after <event> in
     /// training step 12"
     std::string message;
-    Clock::time_point last_progress;  // the named worker's last event
+    Clock::time_point last_progress;  ///< the named worker's last event
   };
   /// Looks at the records at `now` (call it every kStopPollInterval or so); `running[i]` says whether local worker i
   /// still runs (one that ended is not watched).
@@ -55,8 +55,8 @@ class HealthWatch {
     int rank = 0;
     std::string path;
     ProgressRecord* record = nullptr;
-    std::optional<Clock::time_point> last_progress;  // its last event
-    int64_t steps = 0;                               // from its last whole record
+    std::optional<Clock::time_point> last_progress;  ///< its last event
+    int64_t steps = 0;                               ///< from its last whole record
     bool in_collective = false;
     bool paused = false;
     std::optional<Clock::time_point> paused_since;
@@ -66,7 +66,7 @@ class HealthWatch {
 
   std::vector<Watched> workers_;
   std::chrono::milliseconds timeout_;
-  std::optional<Clock::time_point> last_pause_;  // when a worker was last seen paused: waits before it are not timed
+  std::optional<Clock::time_point> last_pause_;  ///< when a worker was last seen paused: waits before it are not timed
 };
 
 }  // namespace ddp::detail

@@ -83,7 +83,7 @@ class JobStore {
   int64_t round_leavers(int round);
 
  private:
-  struct Impl;  // the c10d store, kept out of this header
+  struct Impl;  ///< the c10d store, kept out of this header
   explicit JobStore(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

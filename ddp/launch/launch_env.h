@@ -8,12 +8,12 @@ namespace ddp {
 /// The torchrun environment contract: what a launcher (ddp-launch, torchrun, torch.distributed.launch) tells
 /// each worker process.
 struct LaunchEnv {
-  std::string master_addr;   // MASTER_ADDR: host of rank 0's TCPStore
-  int master_port = 0;       // MASTER_PORT: 1..65535
-  int rank = 0;              // RANK: global rank, 0 <= rank < world_size
-  int world_size = 1;        // WORLD_SIZE: number of processes in the job
-  int local_rank = 0;        // LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
-  int local_world_size = 1;  // LOCAL_WORLD_SIZE: processes on this node
+  std::string master_addr;   ///< MASTER_ADDR: host of rank 0's TCPStore
+  int master_port = 0;       ///< MASTER_PORT: 1..65535
+  int rank = 0;              ///< RANK: global rank, 0 <= rank < world_size
+  int world_size = 1;        ///< WORLD_SIZE: number of processes in the job
+  int local_rank = 0;        ///< LOCAL_RANK: rank on this node, 0 <= local_rank < local_world_size
+  int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: processes on this node
 };
 
 /// Reads LaunchEnv from the environment. MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are required;

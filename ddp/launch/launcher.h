@@ -18,21 +18,23 @@ constexpr std::chrono::milliseconds kDefaultHangTimeout{600000};
 
 /// What ddp-launch was asked to do.
 struct LaunchConfig {
-  int nproc_per_node = 1;  // workers on this node
-  int nnodes = 1;          // nodes in the job (elastic: at most)
-  int node_rank = 0;       // this node's place, 0 <= node_rank < nnodes; node 0 hosts the rendezvous
+  int nproc_per_node = 1;  ///< workers on this node
+  int nnodes = 1;          ///< nodes in the job (elastic: at most)
+  int node_rank = 0;       ///< this node's place, 0 <= node_rank < nnodes; node 0 hosts the rendezvous
   /// Elastic (--nnodes MIN:MAX, torchrun's syntax), when set below nnodes: each attempt runs with the nodes present,
   /// at least this many (detail::Rendezvous). A node's rank in an attempt is its place among the node ranks present.
   std::optional<int> min_nodes;
   /// Elastic: how long node 0 waits for missing nodes before an attempt starts with fewer (at least min_nodes).
   std::chrono::milliseconds rejoin_wait{30000};
-  std::string master_addr = "127.0.0.1";
-  int master_port = kDefaultMasterPort;        // 0: pick a free port (single node only)
-  bool local_rank_arg = false;                 // also pass --local-rank=N to each worker (the legacy launcher's way)
-  std::chrono::milliseconds kill_grace{5000};  // after a failure: SIGTERM to the others, SIGKILL after this
-  /// The workers' rendezvous and collective timeouts, passed as DDP_RENDEZVOUS_TIMEOUT_S and
-  /// DDP_COLLECTIVE_TIMEOUT_S (see ddp::InitOptions); unset: not passed, the workers' defaults apply.
+  std::string master_addr = "127.0.0.1";       ///< node 0's address, where the rendezvous store listens
+  int master_port = kDefaultMasterPort;        ///< 0: pick a free port (single node only)
+  bool local_rank_arg = false;                 ///< also pass --local-rank=N to each worker (the legacy launcher's way)
+  std::chrono::milliseconds kill_grace{5000};  ///< after a failure: SIGTERM to the others, SIGKILL after this
+  /// The workers' rendezvous timeout, passed as DDP_RENDEZVOUS_TIMEOUT_S (see ddp::InitOptions); unset: not passed,
+  /// the workers' default applies.
   std::optional<std::chrono::milliseconds> rendezvous_timeout;
+  /// The workers' collective timeout, passed as DDP_COLLECTIVE_TIMEOUT_S (see ddp::InitOptions); unset: not passed,
+  /// the workers' default applies.
   std::optional<std::chrono::milliseconds> collective_timeout;
   /// After a failure, start all workers again up to this many times (torchrun's --max-restarts). With restarts the
   /// launcher of node 0 hosts the rendezvous store on the master port (as torchrun's agent does) and every
@@ -43,25 +45,28 @@ struct LaunchConfig {
   /// restarts left). The first training step is not timed, nor waits while a worker is in a ddp::ProgressPause (a
   /// save, an evaluation), up to 5 timeouts (detail::HealthWatch). 0: off.
   std::chrono::milliseconds hang_timeout{kDefaultHangTimeout};
-  std::vector<std::string> command;  // the worker program and its arguments
+  std::vector<std::string> command;  ///< the worker program and its arguments
 
+  /// Whether the job is elastic: min_nodes is set and below nnodes.
   bool elastic() const { return min_nodes && *min_nodes < nnodes; }
 };
 
 /// What one start of the workers tells them beyond the rendezvous (torchrun's names).
 struct WorkerAttempt {
-  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT: 0 for the first start
-  bool agent_store = false;   // TORCHELASTIC_USE_AGENT_STORE: the launcher hosts the store, not rank 0
-  std::string error_file;     // TORCHELASTIC_ERROR_FILE: where a failing worker writes its error (ddp::record_error)
-  std::string progress_file;  // DDP_PROGRESS_FILE: where it reports progress for hang detection (ddp/progress.h)
+  int restart_count = 0;      ///< TORCHELASTIC_RESTART_COUNT: 0 for the first start
+  bool agent_store = false;   ///< TORCHELASTIC_USE_AGENT_STORE: the launcher hosts the store, not rank 0
+  std::string error_file;     ///< TORCHELASTIC_ERROR_FILE: where a failing worker writes its error (ddp::record_error)
+  std::string progress_file;  ///< DDP_PROGRESS_FILE: where it reports progress for hang detection (ddp/progress.h)
 };
 
 /// The result of parsing ddp-launch's command line: a config to run, or (for --help and for errors) the text
 /// to print and the exit code.
 struct ParsedLaunchArgs {
+  /// The validated config; nullopt after --help or an error.
   std::optional<LaunchConfig> config;
+  /// 0 with a config or after --help; 2 (a usage error) otherwise.
   int exit_code = 0;
-  std::string output;  // help (stdout) or the error (stderr)
+  std::string output;  ///< help (stdout) or the error (stderr)
 };
 
 /// Parses `ddp-launch [options] [--] program [args...]` (torchrun's spellings with '_' are accepted too). Options
@@ -83,8 +88,8 @@ std::vector<std::string> worker_command(const LaunchConfig& config, int local_ra
 
 /// Why a program cannot be run: the shell's exit code for it and one line naming it.
 struct ProgramProblem {
-  int exit_code = 0;    // 127: not found; 126: found but not runnable (POSIX's codes, as shells return them)
-  std::string message;  // "cannot run '/opt/train': no such file", without the "ddp-launch: " prefix
+  int exit_code = 0;    ///< 127: not found; 126: found but not runnable (POSIX's codes, as shells return them)
+  std::string message;  ///< "cannot run '/opt/train': no such file", without the "ddp-launch: " prefix
 };
 
 /// Looks `program` up as execvp will: a name with a '/' is that file; a bare name is the first executable file of

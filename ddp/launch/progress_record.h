@@ -15,14 +15,14 @@ namespace ddp::detail {
 /// sequence is also a lock for the text: the writer makes it odd while it writes and even after, and a reader that
 /// saw it odd or changed keeps the copy it had (a worker stopped in the middle of a write is still seen to hang).
 struct ProgressRecord {
-  static constexpr uint32_t kMagic = 0x4c544150;  // "PATL": a file of this layout
+  static constexpr uint32_t kMagic = 0x4c544150;  ///< "PATL": a file of this layout
   std::atomic<uint32_t> magic;
-  std::atomic<uint32_t> sequence;      // bumped twice by every progress event
-  std::atomic<int64_t> steps;          // training forwards begun (DistributedDataParallel::forward with grad)
-  std::atomic<int64_t> at_ns;          // when the last event happened: steady_clock (CLOCK_MONOTONIC, host-wide)
-  std::atomic<int32_t> paused;         // ProgressPause depth: > 0 while the rank is busy with untimed work
-  std::atomic<int32_t> in_collective;  // 1 while waiting for a collective to complete
-  char where[176];                     // the last event: "the allreduce of gradient bucket 3 of 5 (...)"
+  std::atomic<uint32_t> sequence;      ///< bumped twice by every progress event
+  std::atomic<int64_t> steps;          ///< training forwards begun (DistributedDataParallel::forward with grad)
+  std::atomic<int64_t> at_ns;          ///< when the last event happened: steady_clock (CLOCK_MONOTONIC, host-wide)
+  std::atomic<int32_t> paused;         ///< ProgressPause depth: > 0 while the rank is busy with untimed work
+  std::atomic<int32_t> in_collective;  ///< 1 while waiting for a collective to complete
+  char where[176];                     ///< the last event: "the allreduce of gradient bucket 3 of 5 (...)"
 };
 
 constexpr const char* kProgressFileEnv = "DDP_PROGRESS_FILE";

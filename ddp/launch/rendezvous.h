@@ -13,10 +13,10 @@ class JobStore;
 /// How round R of an elastic job ended: the nodes that run attempt R, or the end of the job.
 struct RoundOutcome {
   int round = 0;
-  bool ended = false;        // node 0 ended the job in this round: no attempt follows
-  int exit_code = 0;         // when ended: node 0's exit code
-  std::vector<int> members;  // the node ids (--node-rank) that run the attempt, ascending: node rank = position
-  std::string message;       // what node 0 says with it: its restart line, or how the job ended (may be empty)
+  bool ended = false;        ///< node 0 ended the job in this round: no attempt follows
+  int exit_code = 0;         ///< when ended: node 0's exit code
+  std::vector<int> members;  ///< the node ids (--node-rank) that run the attempt, ascending: node rank = position
+  std::string message;       ///< what node 0 says with it: its restart line, or how the job ended (may be empty)
 
   /// The node rank of node `id` in this attempt; -1 when it does not take part.
   int node_rank_of(int id) const;
@@ -38,12 +38,12 @@ constexpr const char* kMembershipChange = "membership change: ";
 class Rendezvous {
  public:
   struct Options {
-    int id = 0;  // this node's --node-rank
+    int id = 0;  ///< this node's --node-rank
     int min_nodes = 1;
     int max_nodes = 1;
     std::chrono::milliseconds rejoin_wait{30000};
-    std::chrono::milliseconds timeout{600000};  // how long a node waits for a round to close; node 0, for MIN nodes
-    std::function<bool()> interrupted;          // polled while waiting: the launcher was asked to stop
+    std::chrono::milliseconds timeout{600000};  ///< how long a node waits for a round to close; node 0, for MIN nodes
+    std::function<bool()> interrupted;          ///< polled while waiting: the launcher was asked to stop
   };
   Rendezvous(JobStore& store, Options options);
 

@@ -9,6 +9,7 @@
 
 namespace ddp {
 
+/// Options of spawn(): the rendezvous address and port the workers get, how failures stop them, and their timeouts.
 struct SpawnOptions {
   /// Where rank 0 will host the rendezvous (MASTER_ADDR for the workers).
   TORCH_ARG(std::string, master_addr) = "127.0.0.1";

@@ -23,9 +23,9 @@ struct WorkerExit {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = 0;
-  int wait_status = 0;    // as returned by waitpid
-  std::string message;    // what the worker reported before dying (spawn: the exception), may be empty
-  std::string last_line;  // the last non-empty line it wrote to its captured stderr, may be empty
+  int wait_status = 0;    ///< as returned by waitpid
+  std::string message;    ///< what the worker reported before dying (spawn: the exception), may be empty
+  std::string last_line;  ///< the last non-empty line it wrote to its captured stderr, may be empty
   /// The group had signalled it (SIGTERM/SIGKILL after another worker failed) before it ended: a consequence.
   bool stopped_by_group = false;
   /// A signal given to wait() (the launcher's SIGINT/SIGTERM) had been forwarded to it before it ended.
@@ -119,15 +119,15 @@ class WorkerGroup {
     int message_fd;
     int output_fd;
     std::string error_file;
-    std::string partial_line;  // captured stderr after its last newline
+    std::string partial_line;  ///< captured stderr after its last newline
     std::string last_line;
     bool running;
-    bool signalled;                                                      // by the group, after another worker failed
-    bool forwarded;                                                      // a forwarded signal reached it
-    std::optional<std::chrono::steady_clock::time_point> output_closed;  // when its stderr pipe reached its end
-    std::optional<std::chrono::steady_clock::time_point> last_line_at;   // when its last non-empty line came
-    std::string hang;                                                    // set when hang detection stopped it
-    std::chrono::steady_clock::time_point hang_last_progress{};          // (hung) its last progress, for the order
+    bool signalled;                                                      ///< by the group, after another worker failed
+    bool forwarded;                                                      ///< a forwarded signal reached it
+    std::optional<std::chrono::steady_clock::time_point> output_closed;  ///< when its stderr pipe reached its end
+    std::optional<std::chrono::steady_clock::time_point> last_line_at;   ///< when its last non-empty line came
+    std::string hang;                                                    ///< set when hang detection stopped it
+    std::chrono::steady_clock::time_point hang_last_progress{};          ///< (hung) its last progress, for the order
     /// The message of an exception nothing caught (std::terminate's "  what():  <message>" line), else empty.
     std::string uncaught;
   };

@@ -15,8 +15,8 @@ namespace ddp::detail {
 
 /// The buffers of one bucket's reduction under gradient sharding: they live from its launch to the end of backward.
 struct ShardedReduction {
-  at::Tensor wire;   // the collective's input (NCCL: the padded slices, slice q at q * chunk; Gloo: the flat bucket)
-  at::Tensor shard;  // NCCL: the reduce-scatter's output (this rank's padded slice); Gloo: undefined
+  at::Tensor wire;   ///< the collective's input (NCCL: the padded slices, slice q at q * chunk; Gloo: the flat bucket)
+  at::Tensor shard;  ///< NCCL: the reduce-scatter's output (this rank's padded slice); Gloo: undefined
   c10::intrusive_ptr<c10d::Work> work;
 };
 

@@ -74,16 +74,16 @@ class Reducer {
     at::Tensor tensor;
     std::string name;
     int64_t bucket = -1;
-    bool ready = false;  // its gradient was accumulated in the current backward pass
+    bool ready = false;  ///< its gradient was accumulated in the current backward pass
   };
   struct Bucket {
     std::vector<int64_t> params;
     at::Tensor buffer;
-    int64_t pending = 0;  // parameters of the bucket whose gradient is not ready yet
+    int64_t pending = 0;  ///< parameters of the bucket whose gradient is not ready yet
     c10::intrusive_ptr<c10d::Work> work;
-    int64_t numel = 0;         // elements of all its gradients
-    BucketShards shards;       // gradient sharding only: the split
-    ShardedReduction sharded;  // gradient sharding only: the buffers of the current backward's reduction
+    int64_t numel = 0;         ///< elements of all its gradients
+    BucketShards shards;       ///< gradient sharding only: the split
+    ShardedReduction sharded;  ///< gradient sharding only: the buffers of the current backward's reduction
     /// Recording a timeline: when the collective started (the bucket copied), and (CPU) when the communication
     /// thread completed it.
     Timeline::Mark issued;
@@ -115,16 +115,16 @@ class Reducer {
   size_t next_bucket_ = 0;
   bool in_backward_ = false;
   bool sync_enabled_ = true;
-  std::vector<int64_t> ready_order_;     // parameters in the order this backward pass produced their gradients
-  std::vector<int64_t> observed_order_;  // the order of the last complete synchronized pass, until rebuilt
-  std::vector<int64_t> rebuilt_order_;   // the order the rebuilt buckets follow (empty: not rebuilt from one)
+  std::vector<int64_t> ready_order_;     ///< parameters in the order this backward pass produced their gradients
+  std::vector<int64_t> observed_order_;  ///< the order of the last complete synchronized pass, until rebuilt
+  std::vector<int64_t> rebuilt_order_;   ///< the order the rebuilt buckets follow (empty: not rebuilt from one)
   bool rebuilt_ = false;
-  bool frozen_ = false;                     // freeze_bucket_layout(): never rebuilt or restored again
-  bool sharded_ = false;                    // set_gradient_sharding(true): buckets are reduce-scattered
-  std::optional<c10::Stream> comm_stream_;  // CUDA only
-  std::optional<c10::Event> join_event_;    // orders the caller's stream after the write-back (CUDA only)
-  std::shared_ptr<Timeline> recorder_;      // set_recorder(); null: no timeline
-  bool recording_ = false;                  // this backward pass is recorded into recorder_
+  bool frozen_ = false;                     ///< freeze_bucket_layout(): never rebuilt or restored again
+  bool sharded_ = false;                    ///< set_gradient_sharding(true): buckets are reduce-scattered
+  std::optional<c10::Stream> comm_stream_;  ///< CUDA only
+  std::optional<c10::Event> join_event_;    ///< orders the caller's stream after the write-back (CUDA only)
+  std::shared_ptr<Timeline> recorder_;      ///< set_recorder(); null: no timeline
+  bool recording_ = false;                  ///< this backward pass is recorded into recorder_
 };
 
 }  // namespace ddp::detail

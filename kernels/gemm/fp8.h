@@ -28,8 +28,8 @@ at::Tensor fp8_quantize(const at::Tensor& x, const at::Tensor& scale, c10::Scala
 ///                           inner dimension must be a multiple of 16; zeros add nothing to a product
 /// and amax raised as fp8_quantize does. padded_rows >= rows. Tensors not asked for are undefined.
 struct Fp8Cast {
-  at::Tensor q;
-  at::Tensor qt;
+  at::Tensor q;   ///< [rows, cols] in fp8_dtype; undefined unless want_q
+  at::Tensor qt;  ///< [cols, padded_rows] in fp8_dtype, zero-padded; undefined unless want_qt
 };
 Fp8Cast fp8_cast_transpose(const at::Tensor& x, const at::Tensor& scale, c10::ScalarType fp8_dtype,
                            const at::Tensor& amax, int64_t padded_rows, bool want_q, bool want_qt);

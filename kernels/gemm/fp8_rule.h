@@ -80,7 +80,7 @@ LTA_HOST_DEVICE inline void fp8_update_row(float* row, int64_t length, float* sc
     row[i] = next;
   }
   row[length - 1] = current;
-  row[0] = 0.0f;  // the oldest entry (length > 1) or the current one (length 1) leaves
+  row[0] = 0.0f;  ///< the oldest entry (length > 1) or the current one (length 1) leaves
   if (!use_max) amax = current;
   const float s = fp8_scale_from_amax(amax, scaled_max, *scale);
   *scale = s;

@@ -35,11 +35,11 @@ const char* gemm_path_name(GemmPath path);
 
 /// The outputs of gemm_epilogue. Tensors are row-major contiguous, in the inputs' dtype and on their device.
 struct GemmResult {
-  at::Tensor out;             ///< [M, N]
-  at::Tensor pre_activation;  ///< kGeluAuxBias: [M, N]; undefined otherwise
-  at::Tensor bias_grad;       ///< kDGeluBGrad: [N]; kBGradB: [M]; undefined otherwise
-  GemmPath path = GemmPath::kAten;
-  std::string fallback_reason;  ///< why the ATen path ran (empty on the cuBLASLt path)
+  at::Tensor out;                   ///< [M, N]
+  at::Tensor pre_activation;        ///< kGeluAuxBias: [M, N]; undefined otherwise
+  at::Tensor bias_grad;             ///< kDGeluBGrad: [N]; kBGradB: [M]; undefined otherwise
+  GemmPath path = GemmPath::kAten;  ///< which implementation computed the outputs
+  std::string fallback_reason;      ///< why the ATen path ran (empty on the cuBLASLt path)
 };
 
 /// out = epilogue(a . b), see Epilogue.

@@ -19,15 +19,18 @@
 
 namespace kernels {
 
+/// The fixed parameters of Note [loss-scale state machine], as update_scale_ validated them, narrowed to fp32/int32.
 struct LossScaleRule {
-  float growth_factor;
-  float backoff_factor;
-  int32_t growth_interval;
-  int32_t hysteresis;
-  float min_scale;
-  float max_scale;
+  float growth_factor;      ///< multiplies the scale after growth_interval clean steps (> 1)
+  float backoff_factor;     ///< multiplies the scale when it backs off (in (0, 1))
+  int32_t growth_interval;  ///< clean steps before the scale grows (>= 1)
+  int32_t hysteresis;       ///< overflows tolerated before backing off; refill value of the hysteresis tracker (>= 1)
+  float min_scale;          ///< floor of the scale (0: none); a NaN scale is reset to it
+  float max_scale;          ///< ceiling of the scale (+inf: none)
 };
 
+/// One update of `scale`, `growth_tracker` and `hysteresis_tracker` after a step, per Note [loss-scale state
+/// machine]; `found_inf`: the step saw a non-finite gradient. Runs on the host or in a one-thread CUDA kernel.
 LTA_HOST_DEVICE inline void apply_loss_scale_rule(const LossScaleRule& rule, float* scale, int32_t* growth_tracker,
                                                   int32_t* hysteresis_tracker, bool found_inf) {
   float s = *scale;

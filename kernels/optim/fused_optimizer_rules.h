@@ -33,26 +33,26 @@ namespace kernels {
 
 /// Adam/AdamW hyper-parameters fixed for a call, and the device-resident scalars read by every block.
 struct AdamArgs {
-  double beta1;
-  double beta2;
-  double eps;
-  double weight_decay;
-  bool decoupled_weight_decay;  // AdamW when true, Adam with L2 regularisation when false
-  bool amsgrad;
-  const float* lr;         // learning rate
-  const float* inv_scale;  // nullptr: gradients are used as they are
-  const float* found_inf;  // nullptr: never skip
+  double beta1;                 ///< decay of the first moment (exp_avg)
+  double beta2;                 ///< decay of the second moment (exp_avg_sq)
+  double eps;                   ///< added to the denominator
+  double weight_decay;          ///< L2 coefficient (Adam) or decoupled decay rate (AdamW)
+  bool decoupled_weight_decay;  ///< AdamW when true, Adam with L2 regularisation when false
+  bool amsgrad;                 ///< normalise by the running maximum of the second moment (max_exp_avg_sq)
+  const float* lr;              ///< learning rate
+  const float* inv_scale;       ///< nullptr: gradients are used as they are
+  const float* found_inf;       ///< nullptr: never skip
 };
 
 /// SGD hyper-parameters fixed for a call, and the device-resident scalars (as in AdamArgs).
 struct SgdArgs {
-  double momentum;
-  double dampening;
-  double weight_decay;
-  bool nesterov;
-  const float* lr;
-  const float* inv_scale;
-  const float* found_inf;
+  double momentum;         ///< momentum factor; 0: no momentum buffer
+  double dampening;        ///< the gradient enters the momentum buffer times 1 - dampening
+  double weight_decay;     ///< L2 coefficient: grad += weight_decay * param
+  bool nesterov;           ///< Nesterov momentum
+  const float* lr;         ///< learning rate
+  const float* inv_scale;  ///< nullptr: gradients are used as they are
+  const float* found_inf;  ///< nullptr: never skip
 };
 
 /// True when the step must be skipped (found_inf given and nonzero).
@@ -60,16 +60,16 @@ LTA_HOST_DEVICE inline bool skip_step(const float* found_inf) { return found_inf
 
 /// The fp32 coefficients of one Adam step, derived from AdamArgs and the current device scalars.
 struct AdamCoefficients {
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float eps;
-  float weight_decay;           // for the L2 term (Adam); 0 when decoupled
-  float decay_factor;           // 1 - lr * wd for AdamW; 1 otherwise
-  float step_size;              // lr / (1 - beta1^t)
-  float sqrt_bias_correction2;  // sqrt(1 - beta2^t)
-  float inv_scale;
+  float beta1;                  ///< AdamArgs::beta1 in fp32
+  float one_minus_beta1;        ///< 1 - beta1, computed in double
+  float beta2;                  ///< AdamArgs::beta2 in fp32
+  float one_minus_beta2;        ///< 1 - beta2, computed in double
+  float eps;                    ///< AdamArgs::eps in fp32
+  float weight_decay;           ///< for the L2 term (Adam); 0 when decoupled
+  float decay_factor;           ///< 1 - lr * wd for AdamW; 1 otherwise
+  float step_size;              ///< lr / (1 - beta1^t)
+  float sqrt_bias_correction2;  ///< sqrt(1 - beta2^t)
+  float inv_scale;              ///< gradient multiplier: the value AdamArgs::inv_scale points to, 1 when null
 };
 
 /// The coefficients of one tensor's step: `step` points to that tensor's completed steps (read, not written).
@@ -114,13 +114,13 @@ LTA_HOST_DEVICE inline void adam_update(const AdamCoefficients& c, V& param, V g
 
 /// The fp32 coefficients of one SGD step.
 struct SgdCoefficients {
-  float momentum;
-  float one_minus_dampening;
-  float weight_decay;
-  float lr;
-  float inv_scale;
-  bool nesterov;
-  bool first_step;  // the tensor's step == 0: its momentum buffer starts as the gradient, like torch's clone(d_p)
+  float momentum;             ///< SgdArgs::momentum in fp32
+  float one_minus_dampening;  ///< 1 - dampening, computed in double
+  float weight_decay;         ///< SgdArgs::weight_decay in fp32
+  float lr;                   ///< learning rate, read from SgdArgs::lr
+  float inv_scale;            ///< gradient multiplier: the value SgdArgs::inv_scale points to, 1 when null
+  bool nesterov;              ///< SgdArgs::nesterov
+  bool first_step;  ///< the tensor's step == 0: its momentum buffer starts as the gradient, like torch's clone(d_p)
 };
 
 /// The coefficients of one tensor's step: `step` points to that tensor's completed steps, nullptr without

@@ -23,11 +23,17 @@ class AdamStepOptions {
   /// Normalise by the running maximum of the second moment (needs max_exp_avg_sqs). Default false.
   AdamStepOptions& amsgrad(bool value);
 
+  /// Decay of the first moment.
   double beta1() const { return beta1_; }
+  /// Decay of the second moment.
   double beta2() const { return beta2_; }
+  /// Added to the denominator.
   double eps() const { return eps_; }
+  /// Weight decay rate.
   double weight_decay() const { return weight_decay_; }
+  /// true: AdamW; false: Adam with L2 regularisation.
   bool decoupled_weight_decay() const { return decoupled_weight_decay_; }
+  /// Whether AMSGrad is on.
   bool amsgrad() const { return amsgrad_; }
 
  private:
@@ -53,9 +59,13 @@ class SgdStepOptions {
   /// Default false.
   SgdStepOptions& nesterov(bool value);
 
+  /// Momentum factor; 0: no momentum buffers.
   double momentum() const { return momentum_; }
+  /// Dampening of the gradient added to the momentum buffer.
   double dampening() const { return dampening_; }
+  /// L2 weight decay coefficient.
   double weight_decay() const { return weight_decay_; }
+  /// Whether Nesterov momentum is on.
   bool nesterov() const { return nesterov_; }
 
  private:

@@ -5,24 +5,22 @@
 #include <torch/torch.h>
 
 #include <amp/autocast.h>
-// Every forwarding header left at a path that moved (docs/design.md, "Where things are") must still compile from an
-// install tree: nothing inside the project includes them any more.
-#include <amp/archive_error.h>
-#include <amp/atomic_file.h>
-#include <amp/float8_linear.h>
-#include <amp/fp8_recipe.h>
-#include <amp/fused_dense.h>
-#include <amp/fused_optimizers.h>
-#include <amp/optim/fused_optimizers.h>  // a header in a feature folder
-#include <amp/zero.h>
-#include <ddp/launch_env.h>  // a forwarding header at a path that moved (to ddp/launch/)
-#include <ddp/spawn.h>
+// Headers of every layer and feature folder, as installed: each must compile from an install tree on its own.
+#include <amp/fp8/fp8_recipe.h>
+#include <amp/io/archive_error.h>
+#include <amp/io/atomic_file.h>
+#include <amp/nn/float8_linear.h>
+#include <amp/nn/fused_dense.h>
+#include <amp/optim/fused_optimizers.h>
+#include <amp/zero/zero.h>
+#include <ddp/launch/launch_env.h>
+#include <ddp/launch/spawn.h>
 #include <kernels/cpu_threads.h>
-#include <kernels/fused_optimizers.h>
-#include <kernels/l2_norm.h>
-#include <kernels/multi_tensor_scale.h>  // likewise (to kernels/multi_tensor/)
-#include <kernels/path_autotune.h>
-#include <kernels/unscale.h>
+#include <kernels/gemm/path_autotune.h>
+#include <kernels/multi_tensor/l2_norm.h>
+#include <kernels/multi_tensor/multi_tensor_scale.h>
+#include <kernels/multi_tensor/unscale.h>
+#include <kernels/optim/fused_optimizers.h>
 
 int main() {
   std::vector<torch::Tensor> tensors = {torch::ones({5}), torch::ones({3}, torch::kHalf), torch::ones({0})};

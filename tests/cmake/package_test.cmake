@@ -1,0 +1,56 @@
+# ctest driver: `make package`'s Debian package, installed the way a user installs it but into a scratch root
+# (dpkg -x: nothing on this machine changes), then tests/consumer built against it and run. Checks the package's
+# name, its metadata (the LibTorch it needs named in the description) and that ddp-launch starts from it.
+#   -DBUILD_DIR=<build> -DSOURCE_DIR=<repo> -DWORK_DIR=<scratch> -DGENERATOR=<generator> [-DCUDA_ARCHS=...]
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+execute_process(COMMAND cpack -G DEB -B "${WORK_DIR}/out" --config "${BUILD_DIR}/CPackConfig.cmake"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cpack -G DEB failed (${rc}): ${out}${err}")
+endif()
+file(GLOB debs "${WORK_DIR}/out/libtorch-amp_*.deb")
+list(LENGTH debs n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "expected one libtorch-amp_<version>_<arch>.deb, got: ${debs}")
+endif()
+execute_process(COMMAND dpkg-deb --field "${debs}" Package Version Architecture Depends Description
+                RESULT_VARIABLE rc OUTPUT_VARIABLE fields)
+if(NOT rc EQUAL 0 OR NOT fields MATCHES "Package: libtorch-amp" OR NOT fields MATCHES "Needs LibTorch [0-9.]+")
+  message(FATAL_ERROR "the package's metadata does not name the package or the LibTorch it needs:\n${fields}")
+endif()
+execute_process(COMMAND dpkg-deb -x "${debs}" "${WORK_DIR}/root" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "dpkg-deb -x failed (${rc})")
+endif()
+foreach(file usr/share/doc/libtorch-amp/LICENSE usr/share/doc/libtorch-amp/CHANGELOG.md usr/bin/ddp-launch
+             usr/include/amp/amp.h usr/lib/cmake/libtorch_amp/libtorch_ampConfig.cmake)
+  if(NOT EXISTS "${WORK_DIR}/root/${file}")
+    message(FATAL_ERROR "the package has no /${file}")
+  endif()
+endforeach()
+set(arch_args "")
+if(CUDA_ARCHS)
+  set(arch_args "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
+                        "-DCMAKE_PREFIX_PATH=${WORK_DIR}/root/usr" ${arch_args} -DCMAKE_BUILD_TYPE=Release
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring the consumer project against the package failed (${rc}): ${err}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build "${WORK_DIR}/build" --target consumer RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building the consumer project against the package failed (${rc}): ${out}${err}")
+endif()
+execute_process(COMMAND "${WORK_DIR}/build/consumer" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the consumer program built against the package failed (${rc}): ${out}${err}")
+endif()
+execute_process(COMMAND "${WORK_DIR}/root/usr/bin/ddp-launch" --help RESULT_VARIABLE rc OUTPUT_VARIABLE help)
+if(NOT rc EQUAL 0 OR NOT help MATCHES "Usage: ddp-launch")
+  message(FATAL_ERROR "the packaged ddp-launch does not start (${rc}): ${help}")
+endif()
+get_filename_component(name "${debs}" NAME)
+message("package: ${name} installs, and a project builds and runs against it")
