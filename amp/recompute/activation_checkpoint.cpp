@@ -1,5 +1,6 @@
 #include <amp/recompute/activation_checkpoint.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -10,6 +11,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <amp/autocast.h>
 
@@ -18,14 +20,30 @@ namespace {
 
 using Fn = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
 
-/// The thread's autocast state for one device type, as the forward saw it.
+/// The thread's autocast state for one device type, as the forward saw it (the dtype only matters when enabled).
 struct AutocastState {
   bool enabled = false;
   c10::ScalarType dtype = c10::ScalarType::BFloat16;
 
   static AutocastState of(c10::DeviceType type) {
-    return {at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)};
+    const bool enabled = at::autocast::is_autocast_enabled(type);
+    return {enabled, enabled ? at::autocast::get_autocast_dtype(type) : default_autocast_dtype(type)};
   }
+};
+
+/// Autocast's cast cache off while the wrapped function runs, restored after. The cache is process-wide and keyed by
+/// the weight: a copy cast in the no-grad forward has no link to its weight, and a later use of the same weight in
+/// the same autocast region (or the recompute, when backward runs inside the region) would take that copy, and the
+/// weight would get no gradient. Uncached casts give the same values.
+class NoCastCache {
+ public:
+  NoCastCache() : saved_(at::autocast::is_autocast_cache_enabled()) { at::autocast::set_autocast_cache_enabled(false); }
+  ~NoCastCache() { at::autocast::set_autocast_cache_enabled(saved_); }
+  NoCastCache(const NoCastCache&) = delete;
+  NoCastCache& operator=(const NoCastCache&) = delete;
+
+ private:
+  bool saved_;
 };
 
 /// What backward needs besides the inputs: the function, the random and autocast states of the forward, and what the
@@ -33,12 +51,9 @@ struct AutocastState {
 struct Stash : torch::CustomClassHolder {
   Fn fn;
   bool preserve_rng = true;
-  at::Tensor cpu_rng;
-  std::optional<c10::Device> cuda_device;  // the CUDA device of the inputs, whose generator is stashed too
-  at::Tensor cuda_rng;
+  std::vector<std::pair<c10::Device, at::Tensor>> rng;  // the CPU's generator state, then each CUDA input device's
   AutocastState cpu_autocast;
   AutocastState cuda_autocast;
-  bool autocast_cache = true;
   std::vector<bool> input_requires_grad;
   std::vector<std::vector<int64_t>> output_shapes;
   std::vector<c10::ScalarType> output_dtypes;
@@ -56,31 +71,31 @@ void set_generator_state(const c10::Device& device, const at::Tensor& state) {
   generator.set_state(state);
 }
 
-/// For the recompute: the forward's random state in, and the caller's back out when it ends (also on a throw), so
-/// that the rest of the run draws what it would have drawn without checkpointing.
+/// For the recompute: the forward's random states in, and the caller's back out when it ends (also on a throw), so
+/// that the rest of the run draws what it would have drawn without checkpointing. Not locked: two threads that
+/// recompute at once must not share a generator (the CPU's: dropout in CPU replicas of one process).
 class RngFork {
  public:
-  explicit RngFork(const Stash& stash) : stash_(stash) {
-    if (!stash_.preserve_rng) return;
-    cpu_now_ = generator_state(c10::Device(c10::kCPU));
-    set_generator_state(c10::Device(c10::kCPU), stash_.cpu_rng);
-    if (stash_.cuda_device) {
-      cuda_now_ = generator_state(*stash_.cuda_device);
-      set_generator_state(*stash_.cuda_device, stash_.cuda_rng);
+  explicit RngFork(const Stash& stash) {
+    if (!stash.preserve_rng) return;
+    for (const auto& [device, state] : stash.rng) {
+      now_.emplace_back(device, generator_state(device));
+      set_generator_state(device, state);
     }
   }
   ~RngFork() {
-    if (!stash_.preserve_rng) return;
-    set_generator_state(c10::Device(c10::kCPU), cpu_now_);
-    if (stash_.cuda_device) set_generator_state(*stash_.cuda_device, cuda_now_);
+    for (const auto& [device, state] : now_) {
+      try {
+        set_generator_state(device, state);
+      } catch (...) {  // a destructor must not throw; a state read back a moment ago does not fail to set
+      }
+    }
   }
   RngFork(const RngFork&) = delete;
   RngFork& operator=(const RngFork&) = delete;
 
  private:
-  const Stash& stash_;
-  at::Tensor cpu_now_;
-  at::Tensor cuda_now_;
+  std::vector<std::pair<c10::Device, at::Tensor>> now_;
 };
 
 std::string shape_text(const std::vector<int64_t>& shape, c10::ScalarType dtype) {
@@ -92,7 +107,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                                                 const c10::intrusive_ptr<Stash>& stash) {
     std::vector<torch::Tensor> kept(inputs.begin(), inputs.end());
     ctx->save_for_backward(kept);
-    std::vector<torch::Tensor> outputs = stash->fn(kept);  // grad is off here: no activation is kept
+    ctx->set_materialize_grads(false);  // an output nothing used gets no gradient, not zeros to backpropagate
+    std::vector<torch::Tensor> outputs;
+    {
+      NoCastCache no_cache;
+      outputs = stash->fn(kept);  // grad is off here: no activation is kept
+    }
     for (const torch::Tensor& out : outputs) {
       TORCH_CHECK(out.defined(), "amp::activation_checkpoint: the function returned an undefined tensor");
       stash->output_shapes.push_back(out.sizes().vec());
@@ -104,6 +124,14 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
+    // As PyTorch's reentrant checkpoint: the recompute's own backward accumulates into every leaf it reaches, which
+    // autograd::grad and backward(inputs=...) must not see; and it builds no graph of the gradients.
+    TORCH_CHECK(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(),
+                "amp::activation_checkpoint: not with torch::autograd::grad or backward with inputs: the recompute's "
+                "backward would add gradients to the wrapped function's parameters too (call backward() on the loss)");
+    TORCH_CHECK(!torch::GradMode::is_enabled(),
+                "amp::activation_checkpoint: no double backward (create_graph): the recompute's gradients are not "
+                "differentiable");
     const auto stash = c10::static_intrusive_pointer_cast<Stash>(ctx->saved_data["stash"].toCapsule());
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     std::vector<torch::Tensor> inputs;
@@ -115,8 +143,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     {
       RngFork rng(*stash);
       torch::AutoGradMode grad(true);
-      AutocastScope cpu(c10::kCPU, stash->cpu_autocast.dtype, stash->cpu_autocast.enabled, stash->autocast_cache);
-      AutocastScope cuda(c10::kCUDA, stash->cuda_autocast.dtype, stash->cuda_autocast.enabled, stash->autocast_cache);
+      AutocastScope cpu(c10::kCPU, stash->cpu_autocast.dtype, stash->cpu_autocast.enabled, /*cache_enabled=*/false);
+      AutocastScope cuda(c10::kCUDA, stash->cuda_autocast.dtype, stash->cuda_autocast.enabled, false);
       outputs = stash->fn(inputs);
     }
     TORCH_CHECK(outputs.size() == stash->output_shapes.size(), "amp::activation_checkpoint: the recompute returned ",
@@ -156,7 +184,6 @@ std::vector<torch::Tensor> activation_checkpoint(const Fn& fn, const std::vector
     TORCH_CHECK(input.defined(), "amp::activation_checkpoint: an input is an undefined tensor");
     stash->input_requires_grad.push_back(input.requires_grad());
     any_requires_grad = any_requires_grad || input.requires_grad();
-    if (input.is_cuda() && !stash->cuda_device) stash->cuda_device = input.device();
   }
   TORCH_CHECK(any_requires_grad, "amp::activation_checkpoint: none of the ", inputs.size(),
               " input(s) requires grad, so backward would "
@@ -164,13 +191,16 @@ std::vector<torch::Tensor> activation_checkpoint(const Fn& fn, const std::vector
               "comes from a layer that trains, or call requires_grad_() on the input)");
   stash->fn = fn;
   stash->preserve_rng = options.preserve_rng_state;
-  if (stash->preserve_rng) {
-    stash->cpu_rng = generator_state(c10::Device(c10::kCPU));
-    if (stash->cuda_device) stash->cuda_rng = generator_state(*stash->cuda_device);
+  if (stash->preserve_rng) {  // the CPU's generator, and each CUDA device's that an input is on
+    stash->rng.emplace_back(c10::Device(c10::kCPU), generator_state(c10::Device(c10::kCPU)));
+    for (const torch::Tensor& input : inputs) {
+      const bool seen = std::any_of(stash->rng.begin(), stash->rng.end(),
+                                    [&](const auto& entry) { return entry.first == input.device(); });
+      if (input.is_cuda() && !seen) stash->rng.emplace_back(input.device(), generator_state(input.device()));
+    }
   }
   stash->cpu_autocast = AutocastState::of(c10::kCPU);
   stash->cuda_autocast = AutocastState::of(c10::kCUDA);
-  stash->autocast_cache = at::autocast::is_autocast_cache_enabled();
   return CheckpointFunction::apply(at::TensorList(inputs), stash);
 }
 

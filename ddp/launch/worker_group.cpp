@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -207,6 +208,18 @@ std::optional<int> WorkerGroup::reap(Worker& w, bool block) {
   return std::nullopt;
 }
 
+std::optional<std::chrono::steady_clock::time_point> WorkerGroup::error_file_written(const Worker& w) {
+  struct stat info {};
+  if (w.error_file.empty() || ::stat(w.error_file.c_str(), &info) != 0) return std::nullopt;
+  // Its modification time is on the wall clock; the failure times here are on the steady clock: the same distance
+  // back from now on both.
+  const auto modified =
+      std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::seconds(info.st_mtim.tv_sec) + std::chrono::nanoseconds(info.st_mtim.tv_nsec)));
+  const auto ago = std::chrono::system_clock::now() - modified;
+  return std::chrono::steady_clock::now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(ago);
+}
+
 std::string WorkerGroup::read_message(Worker& w) {
   std::string message;
   if (w.message_fd < 0) return w.error_file.empty() ? "" : read_error_message(w.error_file).value_or("");
@@ -322,9 +335,14 @@ WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
   // A pipe that closed long before the worker was reaped was closed by the worker itself, not by its exit.
   const bool closed_at_exit = w.output_closed && now - *w.output_closed < kExitCloseWindow;
   exit.observed = closed_at_exit ? *w.output_closed : now;
-  // A failed worker's last line is its error, written when it failed: tearing a LibTorch process down can take
-  // longer than its peers take to fail after it (seen: 0.03 s the wrong way round), so that time comes first.
-  if (w.last_line_at) exit.observed = std::min(exit.observed, *w.last_line_at);
+  // When it failed comes first: tearing a LibTorch process down can take longer than its peers take to fail after it
+  // (seen: 0.03 s the wrong way round). A worker that wrote an error file failed when it wrote it (it prints nothing
+  // more: the launcher says it); else a failed worker's last line is its error, written when it failed.
+  if (const auto written = error_file_written(w)) {
+    exit.observed = std::min(exit.observed, *written);
+  } else if (w.last_line_at) {
+    exit.observed = std::min(exit.observed, *w.last_line_at);
+  }
   if (!w.hang.empty()) exit.observed = w.hang_last_progress;
   return exit;
 }

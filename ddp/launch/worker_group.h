@@ -137,6 +137,8 @@ class WorkerGroup {
   /// Reaps `w` if it has exited (or blocks for it when `block`); returns its status when reaped.
   std::optional<int> reap(Worker& w, bool block);
   std::string read_message(Worker& w);
+  /// When `w` wrote its error file (TORCHELASTIC_ERROR_FILE), on the steady clock; nullopt when it wrote none.
+  static std::optional<std::chrono::steady_clock::time_point> error_file_written(const Worker& w);
   /// Copies whatever the workers' stderr pipes hold, waiting up to `timeout` for some to arrive.
   void pump_output(std::chrono::milliseconds timeout, int forward_fd);
   /// Copies one worker's pending stderr; closes the pipe at its end (or when `final`, at what is there now).
