@@ -26,7 +26,7 @@ constexpr milliseconds kLong{60000};  // a wait the test must never sit out
 
 struct Job {
   std::unique_ptr<JobStore> host_store = JobStore::host(0);
-  std::unique_ptr<JobStore> connect() { return JobStore::connect("127.0.0.1", host_store->port(), milliseconds(5000)); }
+  std::unique_ptr<JobStore> connect() { return JobStore::connect("127.0.0.1", host_store->port(), kLong); }
 };
 
 Rendezvous::Options options(int id, int min_nodes, int max_nodes, milliseconds rejoin_wait,
