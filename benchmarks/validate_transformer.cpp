@@ -39,6 +39,7 @@ struct Flags {
   uint64_t seed = 1;
   int64_t eval_sequences = 4096;
   std::string device = "auto";
+  bool activation_checkpointing = false;
   int local_rank = 0;  // the legacy launcher's --local_rank
 };
 
@@ -75,6 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", flags.seed, "Seed of the data, its order and the initial weights");
   app.add_option("--eval-sequences", flags.eval_sequences, "Held-out sequences scored after training");
   app.add_option("--device", flags.device, "auto, cpu, cuda or cuda:N");
+  app.add_flag("--activation-checkpointing", flags.activation_checkpointing,
+               "Each transformer block keeps only its input and is recomputed in backward (same results)");
   examples::add_local_rank_flag(app, flags.local_rank);
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
 
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
     settings.eval_sequences = flags.eval_sequences;
     settings.lr = flags.lr;
     settings.seed = flags.seed;
+    settings.model.activation_checkpointing(flags.activation_checkpointing);
     const bench::TransformerTask task(settings, device);
     auto net = task.make_model();  // seeded: every rank starts from the same weights
     amp::FusedAdamW inner(net->parameters(), amp::FusedAdamOptions(flags.lr).weight_decay(kWeightDecay));
@@ -126,10 +130,12 @@ int main(int argc, char** argv) {
     ddp::DistributedDataParallel ddp(net, group);
     optimizer.attach(ddp, static_cast<amp::ZeroStage>(flags.zero));
     if (rank == 0) {
-      fmt::print("{} process(es) ({}), device {} on rank 0 | {} {}{}{} | {} (peak), {} warmup steps, cosine decay\n",
+      fmt::print("{} process(es) ({}), device {} on rank 0 | {} {}{}{}{} | {} (peak), {} warmup steps, cosine decay\n",
                  world, group.backend_name(), device.str(), flags.opt_level,
                  flags.opt_level == "O0" ? "fp32" : flags.dtype, flags.fp8 != "off" ? " + FP8 " + flags.fp8 : "",
-                 flags.zero ? fmt::format(" | ZeRO {}", flags.zero) : "", task.description(), flags.warmup_steps);
+                 flags.zero ? fmt::format(" | ZeRO {}", flags.zero) : "",
+                 flags.activation_checkpointing ? " | activation checkpointing per block" : "", task.description(),
+                 flags.warmup_steps);
     }
 
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));

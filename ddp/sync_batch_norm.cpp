@@ -17,6 +17,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <ddp/recompute.h>
 #include <kernels/batch_norm.h>
 
 // Note [SyncBatchNorm collectives]
@@ -305,9 +306,12 @@ void SyncBatchNormImpl::check_peers_once() {
 
 at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   const bool use_batch_stats = is_training() || !options.track_running_stats();
+  // A checkpointed block's forward runs again in backward (ddp/recompute.h): this batch went into the running
+  // statistics the first time. The collectives run again, on every rank alike.
+  const bool update_running = is_training() && options.track_running_stats() && !in_recompute();
   double factor = options.momentum().value_or(0.0);
   const auto update_count = [&] {
-    if (!is_training() || !options.track_running_stats()) return;
+    if (!update_running) return;
     torch::NoGradGuard no_grad;
     num_batches_tracked.add_(1);
     // Cumulative average, as torch::nn::BatchNorm (which reads the count the same way).
@@ -325,8 +329,11 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     update_count();
     const at::Tensor& typed = weight.defined() ? weight : running_mean;
     const auto compute = typed.defined() ? typed.scalar_type() : accumulate_dtype(input);
-    const at::Tensor out = at::batch_norm(input.to(compute), weight, bias, running_mean, running_var, use_batch_stats,
-                                          factor, options.eps(), at::globalContext().userEnabledCuDNN());
+    // Training with running statistics that must stay as they are: batch statistics, no running ones to update.
+    const bool leave_running = is_training() && !update_running;
+    const at::Tensor out = at::batch_norm(input.to(compute), weight, bias, leave_running ? at::Tensor() : running_mean,
+                                          leave_running ? at::Tensor() : running_var, use_batch_stats, factor,
+                                          options.eps(), at::globalContext().userEnabledCuDNN());
     return out.to(input.scalar_type());
   }
 
@@ -391,7 +398,7 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     mean = (counts * means).sum(0) / total;
     var = (counts * (vars + (means - mean).square())).sum(0) / total;
     update_count();
-    if (options.track_running_stats()) {
+    if (update_running) {
       running_mean.copy_(running_mean.to(acc) * (1 - factor) + mean * factor);
       running_var.copy_(running_var.to(acc) * (1 - factor) + var * (total / (total - 1)) * factor);
     }

@@ -110,8 +110,10 @@ phase_deadline_s() {  # phase_deadline_s PHASE
 # a GPU says Cuda, Gpu or Nccl in its name, and so do the kernels' mixed-device checks (RejectsMixedDevices,
 # FoundInfOnAnotherDeviceIsRejected: a CUDA tensor needs a GPU). A CPU test whose name mentions CUDA is excluded by
 # name (cpu_only_regex); the dry run fails if a test of the GPU groups runs without skipping on the CPU.
-never_run_labels=("FP8 on CUDA" "CUDA graphs" "ZeRO over NCCL" "SyncBatchNorm on CUDA" "the timeline's CUDA events")
-never_run_parts=("Fp8Cuda" "CudaGraph" "Zero.*Nccl|Nccl.*Zero" "SyncBatchNormCuda" "TimelineCuda")
+never_run_labels=("FP8 on CUDA" "CUDA graphs" "ZeRO over NCCL" "SyncBatchNorm on CUDA" "the timeline's CUDA events"
+                  "activation checkpointing on CUDA")
+never_run_parts=("Fp8Cuda" "CudaGraph" "Zero.*Nccl|Nccl.*Zero" "SyncBatchNormCuda" "TimelineCuda"
+                 "ActivationCheckpointCuda")
 never_run_regex=$(IFS='|'; echo "${never_run_parts[*]}")
 gpu_regex='Cuda|Gpu|Nccl|MixedDevices|OnAnotherDevice'
 cpu_only_regex='SyncBatchNormTest\.CountsForTheCudaBackward'

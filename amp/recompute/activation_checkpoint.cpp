@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <amp/autocast.h>
+#include <ddp/recompute.h>
 
 namespace amp {
 namespace {
@@ -142,6 +143,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     std::vector<torch::Tensor> outputs;
     {
       RngFork rng(*stash);
+      ddp::RecomputeScope recompute;  // SyncBatchNorm leaves its running statistics alone
       torch::AutoGradMode grad(true);
       AutocastScope cpu(c10::kCPU, stash->cpu_autocast.dtype, stash->cpu_autocast.enabled, /*cache_enabled=*/false);
       AutocastScope cuda(c10::kCUDA, stash->cuda_autocast.dtype, stash->cuda_autocast.enabled, false);
@@ -163,7 +165,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         grads.push_back(grad_outputs[i]);
       }
     }
-    if (!differentiable.empty()) torch::autograd::backward(differentiable, grads);
+    if (!differentiable.empty()) {
+      // DDP's end-of-backward step, if a gradient here is the pass's first, belongs to the outer backward.
+      ddp::NestedBackwardScope nested;
+      torch::autograd::backward(differentiable, grads);
+      nested.finish();
+    }
     torch::autograd::variable_list input_grads;
     input_grads.reserve(inputs.size() + 1);
     for (const torch::Tensor& input : inputs) input_grads.push_back(input.grad());

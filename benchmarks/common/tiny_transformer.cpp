@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <amp/recompute/activation_checkpoint.h>
+
 namespace bench {
 
 TransformerBlockImpl::TransformerBlockImpl(const TinyTransformerOptions& options) : num_heads(options.num_heads()) {
@@ -38,7 +40,12 @@ torch::Tensor TinyTransformerImpl::forward(torch::Tensor tokens) {
   const int64_t seq = tokens.size(1);
   TORCH_CHECK(seq <= options.seq_len(), "sequence of ", seq, " tokens is longer than seq_len ", options.seq_len());
   auto x = token_embedding(tokens) + position_embedding(torch::arange(seq, tokens.options()));
-  for (const auto& block : *blocks) x = block->as<TransformerBlock>()->forward(x);
+  for (const auto& module : *blocks) {
+    auto block = std::dynamic_pointer_cast<TransformerBlockImpl>(module);
+    x = options.activation_checkpointing()
+            ? amp::activation_checkpoint([block](const torch::Tensor& in) { return block->forward(in); }, x)
+            : block->forward(x);
+  }
   return head(ln_f(x));
 }
 

@@ -19,6 +19,9 @@ struct TinyTransformerOptions {
   TORCH_ARG(int64_t, num_heads) = 4;
   TORCH_ARG(int64_t, num_layers) = 2;
   TORCH_ARG(int64_t, mlp_ratio) = 4;  // hidden width of the MLP = mlp_ratio * d_model
+  /// Each block under amp::activation_checkpoint in a forward with grad: it keeps only its input, and its
+  /// activations are rebuilt in backward (torchtitan's per-block activation checkpointing).
+  TORCH_ARG(bool, activation_checkpointing) = false;
 };
 
 /// One pre-LN block: x + proj(causal_attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x)))).

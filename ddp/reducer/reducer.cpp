@@ -12,10 +12,10 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <ddp/recompute.h>
 #include <ddp/reducer/bucket_copy.h>
 #include <ddp/reducer/model_sync.h>
 
@@ -245,7 +245,9 @@ void Reducer::on_gradient_ready(int64_t index) {
     recording_ = recorder_ && recorder_->recording();
     std::fill(timeline_.bucket_issued.begin(), timeline_.bucket_issued.end(), BackwardTimeline::TimePoint{});
     timeline_.first_gradient_ready = now;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+    // At the end of the outermost backward: the first gradient may come from a nested one (an activation
+    // checkpoint's rebuilt block), whose end is not the pass's (ddp/recompute.h).
+    queue_end_of_backward([this] { finish_backward(); });
   }
   timeline_.last_gradient_ready = now;
   Param& p = params_[index];
