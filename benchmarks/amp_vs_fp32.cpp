@@ -323,7 +323,8 @@ struct Flags {
   std::string python;  // empty: default_python
   std::string peer_script = LTA_PEER_SCRIPT;
   bool no_torch_peer = false;
-  std::string report;  // empty: <out_dir>/amp_vs_fp32.html
+  bool activation_checkpointing = false;  // the transformer's blocks, in every run and in the peer
+  std::string report;                     // empty: <out_dir>/amp_vs_fp32.html
   std::string metrics;
   std::optional<int64_t> metrics_every;  // default: run::default_metrics_every of each run's steps
   int64_t rounds = 8;
@@ -361,15 +362,19 @@ bench::TransformerTask::Settings transformer_settings(const Flags& flags, bool c
     s.steps = 30;
   }
   if (flags.steps > 0) s.steps = flags.steps;
+  s.model.activation_checkpointing(flags.activation_checkpointing);
   return s;
 }
 
 std::vector<std::string> peer_model_args(const bench::CnnTask&) { return {}; }
 std::vector<std::string> peer_model_args(const bench::TransformerTask& task) {
   const auto& m = task.settings().model;
-  return {"--vocab",   std::to_string(m.vocab_size()), "--seq",       std::to_string(m.seq_len()),
-          "--d-model", std::to_string(m.d_model()),    "--heads",     std::to_string(m.num_heads()),
-          "--layers",  std::to_string(m.num_layers()), "--mlp-ratio", std::to_string(m.mlp_ratio())};
+  std::vector<std::string> args = {
+      "--vocab",   std::to_string(m.vocab_size()), "--seq",       std::to_string(m.seq_len()),
+      "--d-model", std::to_string(m.d_model()),    "--heads",     std::to_string(m.num_heads()),
+      "--layers",  std::to_string(m.num_layers()), "--mlp-ratio", std::to_string(m.mlp_ratio())};
+  if (m.activation_checkpointing()) args.push_back("--activation-checkpointing");
+  return args;
 }
 
 /// Our digest of every step's input and target, in the order the peer digests them.
@@ -533,6 +538,9 @@ int main(int argc, char** argv) {
   app.add_option("--python", flags.python, "Python with torch for the torch.amp peer (default: .venv, else python3)");
   app.add_option("--peer-script", flags.peer_script, "The torch.amp peer script");
   app.add_flag("--no-torch-peer", flags.no_torch_peer, "Do not run the torch.amp peer");
+  app.add_flag(
+      "--activation-checkpointing", flags.activation_checkpointing,
+      "The transformer's blocks under activation checkpointing in every run (the peer: torch.utils.checkpoint)");
   app.add_option("--report", flags.report,
                  "The HTML report (default: amp_vs_fp32.html in --out): summary table and loss curves");
   app.add_option(

@@ -130,12 +130,10 @@ int main(int argc, char** argv) {
     ddp::DistributedDataParallel ddp(net, group);
     optimizer.attach(ddp, static_cast<amp::ZeroStage>(flags.zero));
     if (rank == 0) {
-      fmt::print("{} process(es) ({}), device {} on rank 0 | {} {}{}{}{} | {} (peak), {} warmup steps, cosine decay\n",
+      fmt::print("{} process(es) ({}), device {} on rank 0 | {} {}{}{} | {} (peak), {} warmup steps, cosine decay\n",
                  world, group.backend_name(), device.str(), flags.opt_level,
                  flags.opt_level == "O0" ? "fp32" : flags.dtype, flags.fp8 != "off" ? " + FP8 " + flags.fp8 : "",
-                 flags.zero ? fmt::format(" | ZeRO {}", flags.zero) : "",
-                 flags.activation_checkpointing ? " | activation checkpointing per block" : "", task.description(),
-                 flags.warmup_steps);
+                 flags.zero ? fmt::format(" | ZeRO {}", flags.zero) : "", task.description(), flags.warmup_steps);
     }
 
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));

@@ -131,9 +131,9 @@ std::string TransformerTask::description() const {
   const auto& m = settings_.model;
   return fmt::format(
       "transformer ({} pre-LN blocks, d_model {}, {} heads, vocab {}) on synthetic bigram tokens, {} x {} tokens "
-      "per step, {} steps, AdamW lr {}",
+      "per step, {} steps, AdamW lr {}{}",
       m.num_layers(), m.d_model(), m.num_heads(), m.vocab_size(), settings_.batch_size, m.seq_len(), settings_.steps,
-      settings_.lr);
+      settings_.lr, m.activation_checkpointing() ? ", activation checkpointing per block" : "");
 }
 
 TransformerTask::Net TransformerTask::make_model() const {

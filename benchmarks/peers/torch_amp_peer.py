@@ -24,6 +24,7 @@ CNN_EVAL_BATCH = 1000  # as benchmarks/common/training_tasks.cpp
 try:
     import torch
     import torch.nn as nn
+    import torch.utils.checkpoint
     import torch.nn.functional as F
 except ImportError:
     print("torch_amp_peer: this Python has no torch", file=sys.stderr)
@@ -74,8 +75,9 @@ class Block(nn.Module):
 class TinyTransformer(nn.Module):
     """benchmarks/common/tiny_transformer.cpp: TinyTransformerImpl."""
 
-    def __init__(self, vocab, seq, d, heads, layers, mlp_ratio):
+    def __init__(self, vocab, seq, d, heads, layers, mlp_ratio, activation_checkpointing=False):
         super().__init__()
+        self.activation_checkpointing = activation_checkpointing
         self.token_embedding = nn.Embedding(vocab, d)
         self.position_embedding = nn.Embedding(seq, d)
         self.blocks = nn.ModuleList(Block(d, heads, mlp_ratio) for _ in range(layers))
@@ -85,7 +87,12 @@ class TinyTransformer(nn.Module):
     def forward(self, tokens):
         x = self.token_embedding(tokens) + self.position_embedding(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks:
-            x = block(x)
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                # The reentrant form, as amp::activation_checkpoint: the block keeps its input only, and its forward
+                # runs again in backward with the stashed random state.
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True)
+            else:
+                x = block(x)
         return self.head(self.ln_f(x))
 
 
@@ -134,7 +141,7 @@ class TransformerTask:
 
     def make_model(self):
         a = self.args
-        return TinyTransformer(a.vocab, a.seq, a.d_model, a.heads, a.layers, a.mlp_ratio)
+        return TinyTransformer(a.vocab, a.seq, a.d_model, a.heads, a.layers, a.mlp_ratio, a.activation_checkpointing)
 
     def make_optimizer(self, model):
         return torch.optim.AdamW(model.parameters(), lr=self.args.lr)  # torch::optim::AdamW's defaults are these
@@ -276,6 +283,8 @@ def main():
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--mlp-ratio", type=int, default=4)
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="each block under torch.utils.checkpoint (reentrant), as the C++ side's flag")
     args = parser.parse_args()
 
     if args.threads > 0:

@@ -1,5 +1,5 @@
 // amp::activation_checkpoint with what trains over several ranks (2 forked ranks, Gloo): DistributedDataParallel
-// (buckets, overlap, no_sync), ZeRO-2 under amp O2, SyncBatchNorm. Each run is compared with the same model
+// (buckets, overlap, no_sync), ZeRO 1-2 under amp O2, SyncBatchNorm. Each run is compared with the same model
 // unwrapped, in the same process, bit for bit.
 #include <amp/recompute/activation_checkpoint.h>
 
@@ -135,9 +135,9 @@ TEST(ActivationCheckpointDdpTest, SyncBatchNormGathersAgainButCountsEachBatchOnc
       2);
 }
 
-/// amp O2 (bf16, dynamic loss scale) with ZeRO stage 2 (gradient sharding, reduce-scatter during backward): the
-/// checkpointed model's masters and model parameters are the unwrapped model's, bit for bit.
-std::vector<torch::Tensor> train_zero2(const ddp::ProcessGroup& pg, int rank, bool checkpointed) {
+/// amp O2 (bf16, dynamic loss scale) with ZeRO stage 1 and stage 2 (gradient sharding, reduce-scatter during backward):
+/// the checkpointed model's masters and model parameters are the unwrapped model's, bit for bit.
+std::vector<torch::Tensor> train_zero(const ddp::ProcessGroup& pg, int rank, amp::ZeroStage stage, bool checkpointed) {
   torch::manual_seed(1);
   Net net(checkpointed ? 1 : 0, std::nullopt);
   amp::FusedAdam adam(net->parameters(), amp::FusedAdamOptions(1e-2).weight_decay(1e-2).decoupled_weight_decay(true));
@@ -145,7 +145,7 @@ std::vector<torch::Tensor> train_zero2(const ddp::ProcessGroup& pg, int rank, bo
       amp::initialize(net, adam, amp::Options().opt_level(amp::OptLevel::O2).half_dtype(torch::kBFloat16));
   ddp::DistributedDataParallel ddp_net(
       net, pg, ddp::DistributedDataParallelOptions().first_bucket_mb(1e-4).bucket_cap_mb(1e-3).rebuild_buckets(false));
-  optimizer.attach(ddp_net, amp::ZeroStage::kTwo);
+  optimizer.attach(ddp_net, stage);
   for (int step = 0; step < 4; ++step) {
     optimizer.zero_grad();
     torch::manual_seed(10 * step + rank);
@@ -161,14 +161,16 @@ std::vector<torch::Tensor> train_zero2(const ddp::ProcessGroup& pg, int rank, bo
   return out;
 }
 
-TEST(ActivationCheckpointDdpTest, ZeroStage2UnderAmpO2TrainsLikeTheUnwrappedModel) {
+TEST(ActivationCheckpointDdpTest, ZeroStages1And2UnderAmpO2TrainLikeTheUnwrappedModel) {
   LTA_REQUIRE_GLOO();
   ddp_test::run_ranks(
       [](int rank, const ddp::ProcessGroup& pg) {
-        const auto plain = train_zero2(pg, rank, false);
-        const auto wrapped = train_zero2(pg, rank, true);
-        TORCH_CHECK(zero_test::bit_identical(wrapped, plain), "rank ", rank,
-                    ": the checkpointed model's masters or parameters differ from the unwrapped model's");
+        for (const amp::ZeroStage stage : {amp::ZeroStage::kOne, amp::ZeroStage::kTwo}) {
+          const auto plain = train_zero(pg, rank, stage, false);
+          const auto wrapped = train_zero(pg, rank, stage, true);
+          TORCH_CHECK(zero_test::bit_identical(wrapped, plain), "rank ", rank, ", ZeRO stage ", static_cast<int>(stage),
+                      ": the checkpointed model's masters or parameters differ from the unwrapped model's");
+        }
       },
       2);
 }
