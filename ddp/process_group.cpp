@@ -19,10 +19,12 @@
 #include <utility>
 
 #include <ATen/Functions.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <ddp/launch/cluster_env.h>
 #include <ddp/launch/text.h>
 #include <ddp/progress.h>
 
@@ -111,6 +113,16 @@ Rendezvous resolve(const InitOptions& options) {
   if (method == "env://") {
     // The environment supplies whatever the options leave open, so the launcher's contract is checked as a whole.
     const LaunchEnv env = launch_env_from_environment();
+    // srun / mpirun start ranks without OMP_NUM_THREADS: as many threads as torchrun would give them (1 when
+    // several share the node), so that the job computes as under ddp-launch.
+    if (const auto threads = cluster_intra_op_threads(); threads && at::get_num_threads() != *threads) {
+      if (env.local_rank == 0) {
+        std::cerr << "ddp: " << env.local_world_size << " ranks share this node and OMP_NUM_THREADS is not set: "
+                  << "each uses " << *threads << " intra-op thread(s), as torchrun gives its workers (set "
+                  << "OMP_NUM_THREADS to choose)\n";
+      }
+      at::set_num_threads(*threads);
+    }
     rdzv.master = {env.master_addr, env.master_port};
     rdzv.rank = options.rank().value_or(env.rank);
     rdzv.world_size = options.world_size().value_or(env.world_size);

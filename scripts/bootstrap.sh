@@ -20,6 +20,7 @@ TORCH_VERSION="${TORCH_VERSION:-2.11.0}"
 VENV="${VENV:-.venv}"
 PACKAGES=(cmake ninja-build ccache g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libgloo-dev zlib1g-dev gnuplot-nox
           doxygen graphviz
+          openmpi-bin slurm-wlm munge
           dataset-fashion-mnist iproute2)
 
 missing=()

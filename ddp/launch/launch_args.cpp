@@ -16,6 +16,7 @@
 #include <torch/cuda.h>
 #include <CLI/CLI.hpp>
 
+#include <ddp/launch/cluster_env.h>
 #include <ddp/launch/text.h>
 #include <ddp/process_group.h>
 
@@ -238,6 +239,14 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
     }
     c.rejoin_wait = seconds_flag("--rejoin-wait-s", rejoin_wait_s, /*positive=*/false);
     c.node_rank = int_flag("--node-rank", node_rank, 0, INT_MAX, "a non-negative integer");
+    // Started by srun, one task per node: the nodes, this node's rank and node 0's host come from Slurm, unless given.
+    if (!standalone && app.count("--nnodes") == 0 && app.count("--node-rank") == 0) {
+      if (const auto slurm = slurm_step_for_launcher()) {
+        c.nnodes = slurm->nnodes;
+        c.node_rank = slurm->node_rank;
+        if (app.count("--master-addr") == 0) c.master_addr = slurm->env.master_addr;
+      }
+    }
     c.master_port = int_flag("--master-port", master_port, 0, kMaxPort, "an integer in [0, 65535]");
     c.kill_grace = seconds_flag("--kill-grace-s", kill_grace_s, /*positive=*/false);
     c.max_restarts = int_flag("--max-restarts", max_restarts, 0, kMaxRestarts, "an integer in [0, 1000000]");

@@ -1,5 +1,7 @@
 #include <ddp/launch/launch_env.h>
 
+#include <ddp/launch/cluster_env.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -8,10 +10,9 @@
 #include <c10/util/Exception.h>
 
 namespace ddp {
-namespace {
+namespace detail {
 
-/// Parses a whole string as a base-10 int in [min_value, max_value]; throws naming `what` otherwise.
-int parse_int(const std::string& text, const std::string& what, long min_value, long max_value) {
+int parse_env_int(const std::string& text, const std::string& what, long min_value, long max_value) {
   errno = 0;
   char* end = nullptr;
   const long value = std::strtol(text.c_str(), &end, 10);
@@ -22,14 +23,20 @@ int parse_int(const std::string& text, const std::string& what, long min_value, 
   return static_cast<int>(value);
 }
 
-std::optional<std::string> get_env(const char* name) {
+std::optional<std::string> env_value(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) return std::nullopt;
   return std::string(value);
 }
 
+}  // namespace detail
+namespace {
+
+using detail::env_value;
+using detail::parse_env_int;
+
 std::string require_env(const char* name) {
-  auto value = get_env(name);
+  auto value = env_value(name);
   TORCH_CHECK(value.has_value(), "environment variable ", name,
               " is not set: start the program with ddp-launch or torchrun, or set MASTER_ADDR, MASTER_PORT, RANK "
               "and WORLD_SIZE yourself");
@@ -40,22 +47,27 @@ std::string require_env(const char* name) {
 constexpr long kMaxInt = std::numeric_limits<int>::max();
 constexpr long kMaxPort = 65535;
 
+bool torchrun_contract() { return env_value("RANK").has_value() && env_value("WORLD_SIZE").has_value(); }
+
 }  // namespace
 
-bool launched_by_launcher() { return get_env("RANK").has_value() && get_env("WORLD_SIZE").has_value(); }
+bool launched_by_launcher() { return torchrun_contract() || cluster_env_from_environment().has_value(); }
 
 LaunchEnv launch_env_from_environment() {
+  if (!torchrun_contract()) {
+    if (auto cluster = cluster_env_from_environment()) return cluster->env;
+  }
   LaunchEnv env;
   env.master_addr = require_env("MASTER_ADDR");
-  env.master_port = parse_int(require_env("MASTER_PORT"), "MASTER_PORT", 1, kMaxPort);
-  env.world_size = parse_int(require_env("WORLD_SIZE"), "WORLD_SIZE", 1, kMaxInt);
-  env.rank = parse_int(require_env("RANK"), "RANK", 0, env.world_size - 1);
-  const auto local_world_size = get_env("LOCAL_WORLD_SIZE");
+  env.master_port = parse_env_int(require_env("MASTER_PORT"), "MASTER_PORT", 1, kMaxPort);
+  env.world_size = parse_env_int(require_env("WORLD_SIZE"), "WORLD_SIZE", 1, kMaxInt);
+  env.rank = parse_env_int(require_env("RANK"), "RANK", 0, env.world_size - 1);
+  const auto local_world_size = env_value("LOCAL_WORLD_SIZE");
   env.local_world_size =
-      local_world_size ? parse_int(*local_world_size, "LOCAL_WORLD_SIZE", 1, env.world_size) : env.world_size;
-  const auto local_rank = get_env("LOCAL_RANK");
-  env.local_rank =
-      local_rank ? parse_int(*local_rank, "LOCAL_RANK", 0, env.local_world_size - 1) : env.rank % env.local_world_size;
+      local_world_size ? parse_env_int(*local_world_size, "LOCAL_WORLD_SIZE", 1, env.world_size) : env.world_size;
+  const auto local_rank = env_value("LOCAL_RANK");
+  env.local_rank = local_rank ? parse_env_int(*local_rank, "LOCAL_RANK", 0, env.local_world_size - 1)
+                              : env.rank % env.local_world_size;
   return env;
 }
 
@@ -66,11 +78,11 @@ std::optional<int> parse_local_rank_arg(int argc, const char* const* argv) {
     for (const char* spelling : kSpellings) {
       const std::string prefix = std::string(spelling) + "=";
       if (arg.compare(0, prefix.size(), prefix) == 0) {
-        return parse_int(arg.substr(prefix.size()), spelling, 0, kMaxInt);
+        return parse_env_int(arg.substr(prefix.size()), spelling, 0, kMaxInt);
       }
       if (arg == spelling) {
         TORCH_CHECK(i + 1 < argc, spelling, " needs a value");
-        return parse_int(argv[i + 1], spelling, 0, kMaxInt);
+        return parse_env_int(argv[i + 1], spelling, 0, kMaxInt);
       }
     }
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <amp/io/checkpoint_dir.h>
+#include <ddp/launch/cluster_env.h>
 #include <ddp/launch/error_file.h>
 #include <ddp/progress.h>
 #include <fmt/format.h>
@@ -84,11 +85,13 @@ std::string run_header_line(const CommonFlags& flags, const Data& data, const Ru
                                 ? fmt::format("global batch {} ({} per process)", *flags.global_batch_size,
                                               batch_per_process(flags, std::max<int64_t>(header.processes, 1)))
                                 : fmt::format("batch {} per process", flags.batch_size);
-  return fmt::format("{} process{}{}, {} | {} | {}, lr {}, {}, {} epoch(s) | {} training samples, {} test samples{}",
+  // Under a cluster's launcher (Slurm, MPI), where the ranks came from: "launched by slurm: job 1234, ...".
+  const auto cluster = header.backend.empty() ? std::nullopt : ddp::cluster_env_from_environment();
+  return fmt::format("{} process{}{}, {} | {} | {}, lr {}, {}, {} epoch(s) | {} training samples, {} test samples{}{}",
                      header.processes, header.processes == 1 ? "" : "es",
                      header.backend.empty() ? std::string() : " (" + header.backend + ")", header.where,
                      header.precision, header.optimizer, flags.lr, batch, flags.epochs, data.train.images.size(0),
-                     data.test.images.size(0), header.extras);
+                     data.test.images.size(0), header.extras, cluster ? " | " + cluster->origin : std::string());
 }
 
 int64_t batch_per_process(const CommonFlags& flags, int64_t world_size) {

@@ -8,26 +8,14 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
-namespace {
+#include "ddp/scoped_env.h"
 
-const char* const kVars[] = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+namespace {
 
 // Sets exactly the given launcher variables for one test and restores the process environment afterwards.
 class LaunchEnvTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    for (const char* name : kVars) {
-      if (const char* v = std::getenv(name)) saved_[name] = v;
-      unsetenv(name);
-    }
-  }
-  void TearDown() override {
-    for (const char* name : kVars) unsetenv(name);
-    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
-  }
-  void set(std::map<std::string, std::string> vars) {
-    for (const auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
-  }
+  static void set(const std::map<std::string, std::string>& vars) { ddp_test::ScopedEnv::set(vars); }
   void expect_error(const std::string& fragment) {
     try {
       ddp::launch_env_from_environment();
@@ -36,7 +24,7 @@ class LaunchEnvTest : public ::testing::Test {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
     }
   }
-  std::map<std::string, std::string> saved_;
+  ddp_test::ScopedEnv env_{ddp_test::kLaunchVariables};
 };
 
 const std::map<std::string, std::string> kTwoNodes = {
