@@ -25,6 +25,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ddp/launch/cluster_env.h>
+#include <ddp/launch/store_socket.h>
 #include <ddp/launch/text.h>
 #include <ddp/progress.h>
 
@@ -354,8 +355,15 @@ class RendezvousWait {
     }
   }
 
-  c10::intrusive_ptr<c10d::Store> open_store(const c10d::TCPStoreOptions& options) const {
+  c10::intrusive_ptr<c10d::Store> open_store(c10d::TCPStoreOptions options) const {
     try {
+      // Rank 0's store answers on MASTER_ADDR's address only (the loopback address for a one-node job), not on
+      // every interface (ddp/launch/store_socket.h).
+      if (options.isServer) {
+        if (const int fd = detail::store_listen_socket(rdzv_.master.host, rdzv_.master.port); fd >= 0) {
+          options.masterListenFd = fd;
+        }
+      }
       auto store = c10::make_intrusive<c10d::TCPStore>(rdzv_.master.host, options);
       return c10::make_intrusive<c10d::PrefixStore>(store_prefix(), std::move(store));
     } catch (const std::exception& e) {

@@ -13,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <ddp/launch/store_socket.h>
+
 namespace ddp::detail {
 namespace {
 
@@ -61,14 +63,15 @@ struct JobStore::Impl {
 JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 JobStore::~JobStore() = default;
 
-std::unique_ptr<JobStore> JobStore::host(int port) {
+std::unique_ptr<JobStore> JobStore::host(const std::string& address, int port) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(port);
   options.isServer = true;
   options.waitWorkers = false;
   auto impl = std::make_unique<Impl>();
   try {
-    impl->tcp = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+    if (const int fd = store_listen_socket(address, port); fd >= 0) options.masterListenFd = fd;
+    impl->tcp = c10::make_intrusive<c10d::TCPStore>(address, options);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "cannot host the job's store on port ", port,
                 " (--master-port; another job there? pick a free port): ", why_of(e));

@@ -477,14 +477,14 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
   // workers use it too).
   std::unique_ptr<detail::JobStore> store;
   if (c.max_restarts > 0 || c.elastic()) {
-    store = host ? detail::JobStore::host(c.master_port)
+    store = host ? detail::JobStore::host(c.master_addr, c.master_port)
                  : detail::JobStore::connect(c.master_addr, c.master_port,
                                              c.rendezvous_timeout.value_or(kDefaultNodesDoneWait));
   }
   const int port = store ? store->port() : c.master_port != 0 ? c.master_port : detail::find_free_port(c.master_addr);
   // With several nodes, a sign of life for the others (a lost node is then named in seconds).
   std::optional<detail::Heartbeat> heartbeat;
-  if (store && c.nnodes > 1) heartbeat.emplace(host ? "127.0.0.1" : c.master_addr, port, c.node_rank);
+  if (store && c.nnodes > 1) heartbeat.emplace(c.master_addr, port, c.node_rank);
   SignalForwarding forwarding;
   const LaunchFolder folder;
   if (folder.path().empty()) {

@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -20,6 +19,7 @@
 #include <c10/util/Exception.h>
 
 #include <ddp/launch/error_file.h>
+#include <ddp/launch/store_socket.h>
 
 namespace ddp::detail {
 namespace {
@@ -463,21 +463,12 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
 }
 
 int find_free_port(const std::string& host) {
+  const std::optional<in_addr> address = ipv4_address_of(host);
+  TORCH_CHECK(address.has_value(), "find_free_port: cannot resolve '", host, "' to an IPv4 address");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = 0;
-  const bool literal = ::inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &addr.sin_addr) == 1;
-  if (!literal) {  // a host name (a Slurm node's, --master-addr node01): its IPv4 address
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    const int status = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
-    TORCH_CHECK(status == 0 && found != nullptr, "find_free_port: cannot resolve '", host,
-                "' to an IPv4 address: ", status == 0 ? "no address" : ::gai_strerror(status));
-    addr.sin_addr = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
-    ::freeaddrinfo(found);
-  }
+  addr.sin_addr = *address;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   TORCH_CHECK(fd >= 0, "find_free_port: socket() failed: ", std::strerror(errno));
   socklen_t len = sizeof(addr);
