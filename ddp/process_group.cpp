@@ -52,6 +52,7 @@ struct Rendezvous {
   int rank = 0;
   int world_size = 1;
   std::optional<int> local_rank;
+  bool one_node = false;  ///< every rank on this node (LOCAL_WORLD_SIZE == WORLD_SIZE); false when unknown
   std::chrono::milliseconds rendezvous_timeout = kDefaultRendezvousTimeout;
   std::chrono::milliseconds collective_timeout = kDefaultTimeout;
 };
@@ -128,6 +129,7 @@ Rendezvous resolve(const InitOptions& options) {
     rdzv.rank = options.rank().value_or(env.rank);
     rdzv.world_size = options.world_size().value_or(env.world_size);
     rdzv.local_rank = env.local_rank;
+    rdzv.one_node = env.local_world_size == env.world_size && rdzv.world_size == env.world_size;
   } else if (method.rfind("tcp://", 0) == 0) {
     rdzv.master = parse_tcp_url(method);
     rdzv.world_size = env_int_or("WORLD_SIZE", options.world_size(), method);
@@ -360,7 +362,7 @@ class RendezvousWait {
       // Rank 0's store answers on MASTER_ADDR's address only (the loopback address for a one-node job), not on
       // every interface (ddp/launch/store_socket.h).
       if (options.isServer) {
-        if (const int fd = detail::store_listen_socket(rdzv_.master.host, rdzv_.master.port); fd >= 0) {
+        if (const int fd = detail::store_listen_socket(rdzv_.master.host, rdzv_.master.port, rdzv_.one_node); fd >= 0) {
           options.masterListenFd = fd;
         }
       }

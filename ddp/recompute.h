@@ -2,7 +2,8 @@
 // What the layers below activation checkpointing (amp::activation_checkpoint) must know about it: a block's forward
 // that runs a second time, in backward, to rebuild its activations, and the backward of that rebuilt block, which
 // autograd runs nested inside the outer one (reentrant). DistributedDataParallel's reducer and SyncBatchNorm consult
-// this; amp's checkpoint sets it. Thread-local: a nested backward runs on the thread of the node that started it.
+// this; amp's checkpoint sets it. in_recompute() is per thread (the recompute runs on the thread of the node that
+// started it); the nested-backward scopes are process-wide (the nested backward's nodes may run on other threads).
 #include <functional>
 #include <vector>
 
@@ -31,7 +32,8 @@ class RecomputeScope {
 /// averages back) at the first gradient of a pass; were that gradient the rebuilt block's, autograd would run the
 /// step when the nested backward ends, before the rest of the model has its gradients. Call finish() after the
 /// nested backward returned, from the outer backward's node; if the nested backward threw, the held work is dropped
-/// (the outer backward fails too, and DDP clears the pass at the next forward). Nests.
+/// (the outer backward fails too, and DDP clears the pass at the next forward). Nests. Process-wide: work queued on
+/// any thread while a scope is alive goes to the innermost live scope (DDP runs one backward at a time).
 class NestedBackwardScope {
  public:
   NestedBackwardScope();
@@ -43,7 +45,6 @@ class NestedBackwardScope {
   void finish();
 
  private:
-  NestedBackwardScope* previous_;
   std::vector<std::function<void()>> held_;
   bool finished_ = false;
 

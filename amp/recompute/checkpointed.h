@@ -20,7 +20,10 @@ namespace amp {
 /// it is built or held (a Sequential, a ModuleList): the wrapper holds the wrapped module's own parameters, buffers
 /// and submodules under their own names, so parameters(), named_parameters() and state dictionaries read as the
 /// unwrapped module's (a checkpoint written without the wrapper loads with it, and back), and DDP, amp::initialize
-/// and the optimizers see the same tensors. train() and eval() reach the wrapped module.
+/// and the optimizers see the same tensors. train() and eval() reach the wrapped module. Wrap a block, not a single
+/// norm or FP8 layer (refused with one line: amp::initialize and convert_sync_batch_norm find those by their type),
+/// and convert BatchNorm to SyncBatchNorm before wrapping (a submodule swapped after wrapping is refused at forward).
+/// Not clonable (clone() throws, as for any module without Cloneable).
 class CheckpointedImpl : public torch::nn::Module {
  public:
   /// `module`: a module holder (torch::nn::Sequential, a TORCH_MODULE of your own) or a shared_ptr to a module whose

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstddef>
+#include <cstdlib>
 #include <limits>
 
 #include <c10/util/Exception.h>
@@ -99,11 +101,20 @@ int slurm_node_index(const std::vector<std::string>& nodes, int node_count) {
   return required_int({"SLURM_NODEID"}, 0, node_count - 1, "a Slurm job step");
 }
 
+/// Whether SLURM_STEP_ID names a job step that srun started: a number below Slurm's special step ids (0xFFFFFFF0 and
+/// up: the batch script's step, salloc's interactive and extern steps, which srun passes on as "%u", and newer
+/// Slurm as negative numbers).
+bool srun_step(const std::optional<std::string>& step) {
+  if (!step || step->empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const long long id = std::strtoll(step->c_str(), &end, 10);
+  return errno == 0 && *end == '\0' && id >= 0 && id < 0xFFFFFFF0LL;
+}
+
 std::optional<ClusterEnv> slurm() {
   const auto step = env_value("SLURM_STEP_ID");
-  if (!env_value("SLURM_PROCID") || !step || *step == "batch" || *step == "extern" || *step == "interactive") {
-    return std::nullopt;
-  }
+  if (!env_value("SLURM_PROCID") || !srun_step(step)) return std::nullopt;
   const std::string who = "a Slurm job step";
   ClusterEnv c;
   c.launcher = Launcher::kSlurm;
@@ -145,9 +156,12 @@ std::optional<ClusterEnv> slurm() {
   return c;
 }
 
-std::optional<ClusterEnv> mpi() {
+/// `hydra_only`: MPICH / Intel MPI only when their launcher's local variables are there too (srun --mpi=pmi2 sets
+/// PMI_RANK and PMI_SIZE alone, and the Slurm step then says the rest).
+std::optional<ClusterEnv> mpi(bool hydra_only) {
   const bool open_mpi = env_value("OMPI_COMM_WORLD_RANK").has_value();
   if (!open_mpi && !env_value("PMI_RANK")) return std::nullopt;
+  if (!open_mpi && hydra_only && !env_value("MPI_LOCALRANKID")) return std::nullopt;
   ClusterEnv c;
   c.launcher = open_mpi ? Launcher::kOpenMpi : Launcher::kPmi;
   const std::string who = open_mpi ? "Open MPI (mpirun)" : "MPICH / Intel MPI (PMI)";
@@ -228,8 +242,12 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& text, const std:
 }
 
 std::optional<ClusterEnv> cluster_env_from_environment() {
+  if (env_value("RANK") && env_value("WORLD_SIZE")) return std::nullopt;  // torchrun's variables win
+  // MPI before Slurm: mpirun inside an allocation starts its daemons with srun, and the ranks on other nodes inherit
+  // the daemons' step (its SLURM_PROCID is the daemon's index).
+  if (auto c = mpi(/*hydra_only=*/true)) return c;
   if (auto c = slurm()) return c;
-  return mpi();
+  return mpi(/*hydra_only=*/false);
 }
 
 std::optional<ClusterEnv> slurm_step_for_launcher() {
@@ -244,7 +262,7 @@ std::optional<ClusterEnv> slurm_step_for_launcher() {
 }
 
 std::optional<int> cluster_intra_op_threads() {
-  if ((env_value("RANK") && env_value("WORLD_SIZE")) || env_value("OMP_NUM_THREADS")) return std::nullopt;
+  if (env_value("OMP_NUM_THREADS")) return std::nullopt;
   const auto c = cluster_env_from_environment();
   if (!c || c->env.local_world_size <= 1) return std::nullopt;
   if (c->launcher == Launcher::kSlurm) {

@@ -31,15 +31,18 @@ struct ClusterEnv {
   int node_rank = 0;  ///< Slurm: this node's place among them (MPI: rank / local size)
 };
 
-/// Reads Slurm's, Open MPI's or PMI's variables (in that order), or nullopt when none of them says this process is
-/// one of a job's ranks. Slurm: the rank is SLURM_PROCID, the world size SLURM_STEP_NUM_TASKS (else SLURM_NTASKS),
-/// the local rank SLURM_LOCALID, the local size this node's entry of SLURM_STEP_TASKS_PER_NODE (else
-/// SLURM_TASKS_PER_NODE); MASTER_ADDR (if not set) the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
-/// MASTER_PORT (if not set) 15000 + the last 4 digits of SLURM_JOB_ID, as PyTorch Lightning derives it. Only a job
-/// step counts: a batch script or an salloc shell (no SLURM_STEP_ID, or the step "batch", "extern" or
-/// "interactive") is not a rank. MPI: MASTER_ADDR must be set (MPI has no way to name rank 0's host without MPI
-/// calls), MASTER_PORT defaults to 29500. Throws c10::Error naming the variable and its value when one does not
-/// parse, is out of range, or (MPI) MASTER_ADDR is missing.
+/// Reads a cluster launcher's variables, or nullopt when none of them says this process is one of a job's ranks, or
+/// when the torchrun contract is there (RANK and WORLD_SIZE win: `srun torchrun ...`, `srun ddp-launch ...`). Open
+/// MPI's first, then MPICH / Intel MPI's when MPI_LOCALRANKID is set (mpirun inside a Slurm allocation: the ranks
+/// inherit the step of mpirun's daemons), then a Slurm job step's, then PMI_RANK / PMI_SIZE alone. Slurm: the rank is
+/// SLURM_PROCID, the world size SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), the local rank SLURM_LOCALID, the local size
+/// this node's entry of SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE); MASTER_ADDR (if not set) the first host
+/// of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), MASTER_PORT (if not set) 15000 + the last 4 digits of
+/// SLURM_JOB_ID, as PyTorch Lightning derives it. Only a job step that srun started counts: a batch script or an salloc
+/// shell (no SLURM_STEP_ID, or one of Slurm's special step ids for the batch, interactive and extern steps) is not a
+/// rank. MPI: MASTER_ADDR must be set (MPI has no way to name rank 0's host without MPI calls), MASTER_PORT defaults to
+/// 29500. Throws c10::Error naming the variable and its value when one does not parse, is out of range, or (MPI)
+/// MASTER_ADDR is missing.
 std::optional<ClusterEnv> cluster_env_from_environment();
 
 /// Expands Slurm's hostlist syntax: "node[01-03,07],gpu3" -> node01 node02 node03 node07 gpu3 (zero padding kept,

@@ -63,14 +63,14 @@ struct JobStore::Impl {
 JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 JobStore::~JobStore() = default;
 
-std::unique_ptr<JobStore> JobStore::host(const std::string& address, int port) {
+std::unique_ptr<JobStore> JobStore::host(const std::string& address, int port, bool one_node) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(port);
   options.isServer = true;
   options.waitWorkers = false;
   auto impl = std::make_unique<Impl>();
   try {
-    if (const int fd = store_listen_socket(address, port); fd >= 0) options.masterListenFd = fd;
+    if (const int fd = store_listen_socket(address, port, one_node); fd >= 0) options.masterListenFd = fd;
     impl->tcp = c10::make_intrusive<c10d::TCPStore>(address, options);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "cannot host the job's store on port ", port,

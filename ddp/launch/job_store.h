@@ -21,8 +21,8 @@ constexpr std::chrono::milliseconds kSilentNode{5000};
 class JobStore {
  public:
   /// Node 0: hosts the store on `port` (0: any free port, see port()), answering on `address` only (--master-addr:
-  /// the loopback address for a one-node job; store_socket.h).
-  static std::unique_ptr<JobStore> host(const std::string& address, int port);
+  /// the loopback address for a one-node job; store_socket.h, which `one_node` goes to).
+  static std::unique_ptr<JobStore> host(const std::string& address, int port, bool one_node);
   /// The other nodes: connect to node 0's store, retrying for up to `timeout`. Throws one line naming the address.
   static std::unique_ptr<JobStore> connect(const std::string& host, int port, std::chrono::milliseconds timeout);
   ~JobStore();

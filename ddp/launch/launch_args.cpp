@@ -239,12 +239,14 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
     }
     c.rejoin_wait = seconds_flag("--rejoin-wait-s", rejoin_wait_s, /*positive=*/false);
     c.node_rank = int_flag("--node-rank", node_rank, 0, INT_MAX, "a non-negative integer");
-    // Started by srun, one task per node: the nodes, this node's rank and node 0's host come from Slurm, unless given.
-    if (!standalone && app.count("--nnodes") == 0 && app.count("--node-rank") == 0) {
+    // Started by srun, one task per node: the nodes, this node's rank and (several nodes) node 0's host come from
+    // Slurm, each unless given (with --nnodes MIN:MAX given, the node rank still comes from Slurm). One node keeps
+    // the loopback address: its store is then reachable from this machine only.
+    if (!standalone) {
       if (const auto slurm = slurm_step_for_launcher()) {
-        c.nnodes = slurm->nnodes;
-        c.node_rank = slurm->node_rank;
-        if (app.count("--master-addr") == 0) c.master_addr = slurm->env.master_addr;
+        if (app.count("--nnodes") == 0) c.nnodes = slurm->nnodes;
+        if (app.count("--node-rank") == 0) c.node_rank = slurm->node_rank;
+        if (app.count("--master-addr") == 0 && c.nnodes > 1) c.master_addr = slurm->env.master_addr;
       }
     }
     c.master_port = int_flag("--master-port", master_port, 0, kMaxPort, "an integer in [0, 65535]");

@@ -477,7 +477,7 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
   // workers use it too).
   std::unique_ptr<detail::JobStore> store;
   if (c.max_restarts > 0 || c.elastic()) {
-    store = host ? detail::JobStore::host(c.master_addr, c.master_port)
+    store = host ? detail::JobStore::host(c.master_addr, c.master_port, c.nnodes == 1)
                  : detail::JobStore::connect(c.master_addr, c.master_port,
                                              c.rendezvous_timeout.value_or(kDefaultNodesDoneWait));
   }

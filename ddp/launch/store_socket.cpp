@@ -25,9 +25,18 @@ std::optional<in_addr> ipv4_address_of(const std::string& host) {
   return addr;
 }
 
-int store_listen_socket(const std::string& host, int port) {
+int store_listen_socket(const std::string& host, int port, bool one_node) {
   const std::optional<in_addr> address = ipv4_address_of(host);
   if (!address) return -1;
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &*address, text, sizeof(text));
+  in_addr literal{};
+  const bool named = host != "localhost" && ::inet_pton(AF_INET, host.c_str(), &literal) != 1;
+  if (!one_node && named && (ntohl(address->s_addr) >> 24) == 127) {
+    std::cerr << "ddp: " << host << " is " << text << " on this machine, a loopback address, and the job's other "
+              << "nodes reach it by another: the store on port " << port << " listens on every interface\n";
+    return -1;
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -39,8 +48,6 @@ int store_listen_socket(const std::string& host, int port) {
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     const int error = errno;
     ::close(fd);
-    char text[INET_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET, &*address, text, sizeof(text));
     if (error == EADDRNOTAVAIL) {  // a name that resolves elsewhere (a Kubernetes service's virtual address)
       std::cerr << "ddp: " << host << " (" << text << ") is not an address of this machine: the store on port " << port
                 << " listens on every interface\n";

@@ -16,10 +16,12 @@ namespace ddp::detail {
 std::optional<in_addr> ipv4_address_of(const std::string& host);
 
 /// A listening TCP socket on `host`'s IPv4 address and `port` (0: any free port), for a TCPStore to serve on
-/// (c10d::TCPStoreOptions::masterListenFd, which then owns it). -1 when `host` has no IPv4 address, or one that is
-/// not this machine's (a name that resolves to a Kubernetes service's virtual address; said on stderr): the caller
-/// lets the store listen as it does by itself, on every interface. Throws std::runtime_error with the system's
-/// reason ("Address already in use") when the bind fails otherwise.
-int store_listen_socket(const std::string& host, int port);
+/// (c10d::TCPStoreOptions::masterListenFd, which then owns it). -1, and the caller lets the store listen as it does by
+/// itself, on every interface, when `host` has no IPv4 address; when it has one that is not this machine's (a name
+/// that resolves to a Kubernetes service's virtual address); or when `one_node` is false and `host` is a name that
+/// resolves to a loopback address here (Debian's "127.0.1.1 <hostname>" line in /etc/hosts) while the other nodes
+/// reach it by another. The last two are said on stderr. Throws std::runtime_error with the system's reason
+/// ("Address already in use") when the bind fails otherwise.
+int store_listen_socket(const std::string& host, int port, bool one_node);
 
 }  // namespace ddp::detail

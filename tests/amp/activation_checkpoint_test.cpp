@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <amp/amp.h>
+#include <ddp/sync_batch_norm.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -381,6 +382,28 @@ TEST(ActivationCheckpointTest, CheckpointedWrapsAModuleUnderItsOwnNames) {
   std::ostringstream printed;
   printed << *wrapped[2];
   EXPECT_EQ(printed.str().rfind("amp::Checkpointed(", 0), 0u) << printed.str();
+
+  // A single norm or FP8 layer is refused (amp::initialize and convert_sync_batch_norm find those by type); a block
+  // whose BatchNorm is swapped after wrapping is refused at forward.
+  try {
+    amp::Checkpointed bn_alone(torch::nn::BatchNorm1d(4));
+    ADD_FAILURE() << "a lone BatchNorm was wrapped";
+  } catch (const c10::Error& e) {
+    EXPECT_EQ(std::string(e.what_without_backtrace()),
+              "amp::Checkpointed: wrap a block, not a single torch::nn::BatchNorm1dImpl: amp::initialize and "
+              "convert_sync_batch_norm find such a layer by its type, which the wrapper hides");
+  }
+  amp::Checkpointed with_bn(torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::BatchNorm1d(4)));
+  torch::nn::Sequential parent(with_bn);
+  ddp::convert_sync_batch_norm(parent.ptr(), std::nullopt, [](const std::string&) {});
+  try {
+    parent->forward(torch::randn({3, 4}, torch::requires_grad()));
+    ADD_FAILURE() << "a BatchNorm converted after wrapping went unnoticed";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("submodule '1' was replaced after wrapping"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
 
   // A Sequential wraps too (its forward is a template: the wrapper calls it with one tensor).
   amp::Checkpointed seq(torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Tanh()));

@@ -114,11 +114,44 @@ TEST_F(ClusterEnvTest, ABatchScriptOrAnAllocationIsNotARank) {
   unsetenv("SLURM_STEP_ID");  // sbatch's script, salloc's shell
   EXPECT_FALSE(ddp::cluster_env_from_environment().has_value());
   EXPECT_FALSE(ddp::launched_by_launcher());
-  for (const char* step : {"batch", "extern", "interactive"}) {
+  // Slurm's special step ids, as srun passes them on ("%u": the batch script's, salloc's interactive and extern
+  // steps) and as newer Slurm writes them (negative).
+  for (const char* step : {"4294967291", "4294967290", "4294967292", "-5", "-6", "batch", ""}) {
     set({{"SLURM_STEP_ID", step}});
     EXPECT_FALSE(ddp::cluster_env_from_environment().has_value()) << step;
   }
+  set({{"SLURM_STEP_ID", "3"}});
+  EXPECT_TRUE(ddp::cluster_env_from_environment().has_value());
+  unsetenv("SLURM_STEP_ID");
   EXPECT_EQ(ddp::launch_origin(), "not launched (one process)");
+}
+
+/// mpirun inside a Slurm allocation: the ranks on other nodes inherit the step of mpirun's daemons (started by srun),
+/// whose SLURM_PROCID is the daemon's index. MPI's variables are the ranks'. srun --mpi=pmi2 sets PMI_RANK and
+/// PMI_SIZE alone: the step's variables are the ranks' then.
+TEST_F(ClusterEnvTest, MpiUnderSlurmIsMpisRanksAndSrunsPmi2IsSlurms) {
+  slurm_step();  // the daemons' step: "rank 5 of 8"
+  set({{"SLURM_STEP_NUM_TASKS", "2"},
+       {"SLURM_PROCID", "1"},
+       {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+       {"SLURM_LOCALID", "0"},
+       {"OMPI_COMM_WORLD_RANK", "6"},
+       {"OMPI_COMM_WORLD_SIZE", "8"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+       {"MASTER_ADDR", "node01"}});
+  auto c = ddp::cluster_env_from_environment();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->launcher, ddp::Launcher::kOpenMpi);
+  EXPECT_EQ(c->env.rank, 6);
+  EXPECT_EQ(c->env.world_size, 8);
+  env_.clear();
+  slurm_step();
+  set({{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}});  // srun --mpi=pmi2
+  c = ddp::cluster_env_from_environment();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->launcher, ddp::Launcher::kSlurm);
+  EXPECT_EQ(c->env.rank, 5);
 }
 
 TEST_F(ClusterEnvTest, OpenMpiAndPmiNeedMasterAddr) {
@@ -188,7 +221,18 @@ TEST_F(ClusterEnvTest, DdpLaunchUnderSrunTakesTheNodesFromSlurm) {
   EXPECT_EQ(parsed.config->nnodes, 2);
   EXPECT_EQ(parsed.config->node_rank, 1);
   EXPECT_EQ(parsed.config->master_addr, "node01");
-  // Given on the command line, the flags win.
+  // Given on the command line, the flags win; the others still come from Slurm.
+  const char* rank_given[] = {"ddp-launch", "--nproc-per-node", "2", "--node-rank", "0", "--master-port", "29400", "t"};
+  parsed = ddp::parse_launch_args(8, rank_given);
+  ASSERT_TRUE(parsed.config.has_value()) << parsed.output;
+  EXPECT_EQ(parsed.config->nnodes, 2);
+  EXPECT_EQ(parsed.config->node_rank, 0);
+  const char* elastic[] = {"ddp-launch", "--nproc-per-node", "2", "--nnodes", "1:4", "--master-port", "29400", "t"};
+  parsed = ddp::parse_launch_args(8, elastic);
+  ASSERT_TRUE(parsed.config.has_value()) << parsed.output;
+  EXPECT_EQ(parsed.config->nnodes, 4);
+  EXPECT_EQ(parsed.config->node_rank, 1);
+  EXPECT_EQ(parsed.config->master_addr, "node01");
   const char* explicit_argv[] = {"ddp-launch", "--nproc-per-node", "2",     "--nnodes", "1", "--node-rank",
                                  "0",          "--master-port",    "29400", "train"};
   parsed = ddp::parse_launch_args(10, explicit_argv);

@@ -25,7 +25,7 @@ using std::chrono::milliseconds;
 constexpr milliseconds kLong{60000};  // a wait the test must never sit out
 
 struct Job {
-  std::unique_ptr<JobStore> host_store = JobStore::host("127.0.0.1", 0);
+  std::unique_ptr<JobStore> host_store = JobStore::host("127.0.0.1", 0, /*one_node=*/true);
   std::unique_ptr<JobStore> connect() { return JobStore::connect("127.0.0.1", host_store->port(), kLong); }
 };
 

@@ -69,7 +69,7 @@ bool connects(const std::string& address, int port) {
 
 TEST(StoreSocketTest, TheLaunchersStoreOfAOneNodeJobAnswersOnTheLoopbackAddressOnly) {
   LTA_REQUIRE_OTHER_ADDRESS(address);
-  const auto store = ddp::detail::JobStore::host("127.0.0.1", 0);
+  const auto store = ddp::detail::JobStore::host("127.0.0.1", 0, /*one_node=*/true);
   EXPECT_TRUE(connects("127.0.0.1", store->port()));
   EXPECT_FALSE(connects(*address, store->port())) << "the store answered on " << *address;
 }
@@ -87,9 +87,25 @@ TEST(StoreSocketTest, RankZerosStoreOfAOneNodeJobAnswersOnTheLoopbackAddressOnly
 }
 
 TEST(StoreSocketTest, AnAddressThatIsNotThisMachinesLeavesTheStoreAsItWas) {
-  EXPECT_EQ(ddp::detail::store_listen_socket("203.0.113.77", 0), -1);  // TEST-NET-3: nobody's
-  EXPECT_EQ(ddp::detail::store_listen_socket("no-such-host.invalid", 0), -1);
-  const int fd = ddp::detail::store_listen_socket("localhost", 0);
+  EXPECT_EQ(ddp::detail::store_listen_socket("203.0.113.77", 0, true), -1);  // TEST-NET-3: nobody's
+  EXPECT_EQ(ddp::detail::store_listen_socket("no-such-host.invalid", 0, true), -1);
+  const int fd = ddp::detail::store_listen_socket("localhost", 0, true);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+}
+
+/// A multi-node job whose MASTER_ADDR is a name that resolves to a loopback address on node 0 (Debian's "127.0.1.1
+/// <hostname>" in /etc/hosts) while the other nodes reach it by its real address: the store listens on every
+/// interface rather than on the loopback address, where the other nodes could not reach it.
+TEST(StoreSocketTest, ANameThatIsLoopbackHereListensEverywhereForSeveralNodes) {
+  char name[256] = {};
+  ASSERT_EQ(::gethostname(name, sizeof(name) - 1), 0);
+  const auto address = ddp::detail::ipv4_address_of(name);
+  if (!address || (ntohl(address->s_addr) >> 24) != 127) {
+    GTEST_SKIP() << "this machine's name (" << name << ") does not resolve to a loopback address";
+  }
+  EXPECT_EQ(ddp::detail::store_listen_socket(name, 0, /*one_node=*/false), -1);
+  const int fd = ddp::detail::store_listen_socket(name, 0, /*one_node=*/true);  // one node: the loopback address
   ASSERT_GE(fd, 0);
   ::close(fd);
 }
