@@ -272,10 +272,4 @@ std::optional<int> cluster_intra_op_threads() {
   return 1;
 }
 
-std::string launch_origin() {
-  if (env_value("RANK") && env_value("WORLD_SIZE")) return "launched by ddp-launch or torchrun";
-  if (auto c = cluster_env_from_environment()) return c->origin;
-  return "not launched (one process)";
-}
-
 }  // namespace ddp

@@ -12,17 +12,16 @@
 
 namespace ddp {
 
-/// Who started this process, as its environment tells.
+/// Which cluster launcher started this process (the torchrun contract is launch_env.h's).
 enum class Launcher {
-  kTorchrun,  ///< RANK and WORLD_SIZE set: ddp-launch, torchrun, a Kubernetes PyTorchJob, or by hand
-  kSlurm,     ///< a Slurm job step (srun): SLURM_PROCID with SLURM_STEP_ID
-  kOpenMpi,   ///< Open MPI's mpirun: OMPI_COMM_WORLD_RANK
-  kPmi,       ///< MPICH / Intel MPI (Hydra): PMI_RANK
+  kSlurm,    ///< a Slurm job step (srun): SLURM_PROCID with SLURM_STEP_ID
+  kOpenMpi,  ///< Open MPI's mpirun: OMPI_COMM_WORLD_RANK
+  kPmi,      ///< MPICH / Intel MPI (Hydra): PMI_RANK
 };
 
 /// What a cluster's launcher told this process, in the torchrun contract's terms.
 struct ClusterEnv {
-  Launcher launcher = Launcher::kSlurm;  ///< which launcher (never kTorchrun)
+  Launcher launcher = Launcher::kSlurm;  ///< which launcher
   LaunchEnv env;                         ///< the ranks, sizes and rank 0's address
   /// One line for rank 0's header: "launched by slurm: job 1234, step 0, 2 nodes x 4 tasks" or "launched by
   /// Open MPI (mpirun): 2 processes, 2 per node (1 node)".
@@ -66,9 +65,5 @@ std::optional<ClusterEnv> slurm_step_for_launcher();
 /// ddp::init_process_group (env://) applies it, so that `srun -n 2 program` computes as `ddp-launch
 /// --nproc-per-node 2 program` does.
 std::optional<int> cluster_intra_op_threads();
-
-/// The line for rank 0's header saying where the ranks came from: ClusterEnv::origin, or "launched by ddp-launch or
-/// torchrun" under the torchrun contract, or "not launched (one process)".
-std::string launch_origin();
 
 }  // namespace ddp
