@@ -27,6 +27,7 @@
 #include "common/command_line.h"
 #include "common/example_flags.h"
 #include "common/small_cnn.h"
+#include "common/timing.h"
 
 namespace {
 
@@ -35,12 +36,6 @@ struct Setting {
   bool metrics = false;
   bool report = false;
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 }  // namespace
 
@@ -147,19 +142,20 @@ int main(int argc, char** argv) {
       observer_us[s] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - began).count() /
                        static_cast<double>(observer_steps);
     }
-    if (rank.rank != 0) return;
+    if (rank.rank != 0) return 0;
     fmt::print("{} process(es), {} steps of batch {} per run, {} rounds, CPU threads {}\n", rank.world_size, steps,
                batch, rounds, at::get_num_threads());
     fmt::print("{:<36} {:>14} {:>28} {:>22}\n", "setting", "step ms (med)", "x nothing: med [min, max]",
                "recording us/step (%)");
-    const double step_med_ms = median(step_ms[0]);
+    const double step_med_ms = bench::median(step_ms[0]);
     for (size_t s = 0; s < settings.size(); ++s) {
       std::vector<double> ratios;
       for (int r = 0; r < rounds; ++r) ratios.push_back(step_ms[s][r] / step_ms[0][r]);
       fmt::print("{:<36} {:>14.3f} {:>10.4f} [{:.4f}, {:.4f}] {:>12.2f} ({:.3f}%)\n", settings[s].name,
-                 median(step_ms[s]), median(ratios), *std::min_element(ratios.begin(), ratios.end()),
+                 bench::median(step_ms[s]), bench::median(ratios), *std::min_element(ratios.begin(), ratios.end()),
                  *std::max_element(ratios.begin(), ratios.end()), observer_us[s],
                  100.0 * observer_us[s] / (1000.0 * step_med_ms));
     }
+    return 0;
   });
 }

@@ -21,6 +21,7 @@
 #include <ddp/progress.h>
 
 #include "common/command_line.h"
+#include "common/timing.h"
 
 namespace {
 
@@ -67,11 +68,6 @@ double in_child(bool mapped, int64_t steps, int buckets) {
   return ns;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,8 +89,9 @@ int main(int argc, char** argv) {
   const int events = 1 + 2 * buckets;
   fmt::print("progress reporting, {} events per step ({} collectives), {} rounds alternating, median [min, max]:\n",
              events, buckets, rounds);
-  fmt::print("  off (no DDP_PROGRESS_FILE): {:.1f} ns per step [{:.1f}, {:.1f}]\n", median(off), *off_min, *off_max);
-  fmt::print("  on  (record mapped):        {:.1f} ns per step [{:.1f}, {:.1f}], {:.1f} ns per event\n", median(on),
-             *on_min, *on_max, median(on) / events);
+  fmt::print("  off (no DDP_PROGRESS_FILE): {:.1f} ns per step [{:.1f}, {:.1f}]\n", bench::median(off), *off_min,
+             *off_max);
+  fmt::print("  on  (record mapped):        {:.1f} ns per step [{:.1f}, {:.1f}], {:.1f} ns per event\n",
+             bench::median(on), *on_min, *on_max, bench::median(on) / events);
   return 0;
 }

@@ -177,5 +177,6 @@ int main(int argc, char** argv) {
                  held_out.loss, 100.0 * held_out.accuracy, task.loss_floor(), diagnostics.skipped_steps);
     }
     group.barrier();
+    return 0;
   });
 }

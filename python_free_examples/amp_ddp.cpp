@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "common/ddp_worker.h"
+#include "common/preemption.h"
 #include "common/small_cnn.h"
 
 namespace {
@@ -83,6 +84,8 @@ int main(int argc, char** argv) {
 
   return examples::run_main("amp_ddp", [&] {
     examples::check_common_flags(flags);
+    // First: from here on --stop-signal stops the run at a step boundary the ranks agree on, which saves it.
+    const std::unique_ptr<run::StopSignal> stop_signal = examples::watch_stop_signal(flags);
     const int local_rank = examples::local_rank_from_launcher(argc, argv, "amp_ddp");
     // Before joining: the first process of each node speaks for the choice every rank makes alike.
     examples::resume_from_checkpoint_dir(flags, examples::Rank{local_rank, 1}, amp::verify_checkpoint);
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) init.cuda_device(device.index());
     ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
     const examples::Rank rank{group.rank(), group.size()};
+    if (stop_signal) stop_signal->join(group);  // the ranks agree on where to stop through the group's store
     // The ranks' gradients are allreduced, so they overflow alike: rank 0's overflow lines speak for all.
     if (rank.rank != 0) optimizer.set_overflow_logger([](const std::string&) {});
     // Every rank refuses a global batch that does not split among the processes, before any collective (else rank 0
@@ -156,7 +160,8 @@ int main(int argc, char** argv) {
                          rank.world_size, device,
                          {header_line, [&] { return run::step_values(*inner, &optimizer); }, &group, &ddp});
     const run::TrainingPosition start = position;
-    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+    bool preempted = examples::stop_signalled(stop_signal.get(), position);  // (a signal during the start)
+    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position) && !preempted) {
       const int64_t epoch = position.epoch;
       sampler.set_epoch(epoch, position.batches_done);
       monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done, position.epoch_loss);
@@ -177,7 +182,8 @@ int main(int argc, char** argv) {
         phases.end(run::Phase::kOptimizer);
         const double step_loss = loss.item<double>();  // the step's one host sync
         position.step_done(sampler.batches_done(), sampler.batches_per_epoch(), step_loss);
-        const bool stop = examples::stop_requested(flags, start, position);
+        preempted = examples::stop_signalled(stop_signal.get(), position);  // the same answer on every rank
+        const bool stop = examples::stop_requested(flags, start, position) || preempted;
         monitor.step(step_loss, indices->numel() * rank.world_size, /*last=*/stop);
         if (saves_here && checkpoints.due(position.steps)) {
           monitor.interrupt();
@@ -200,7 +206,8 @@ int main(int argc, char** argv) {
     monitor.finish();
     examples::print_if_stopped(flags, start, position, rank);
     examples::check_replicas_if_asked(ddp_flags, *net, group);  // the model's weights (half under O2)
-    if (saves_here && checkpoints.final_save_needed(start, position)) save(position);
+    if (saves_here && checkpoints.final_save_needed(start, position)) save(position);  // (a stop's save too)
     group.barrier();
+    return preempted ? examples::stopped_resumable(flags, *stop_signal, rank, position) : 0;
   });
 }

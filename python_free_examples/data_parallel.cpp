@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "common/example_flags.h"
+#include "common/preemption.h"
 #include "common/small_cnn.h"
 
 int main(int argc, char** argv) {
@@ -31,6 +32,8 @@ int main(int argc, char** argv) {
 
   return examples::run_main("data_parallel", [&] {
     examples::check_common_flags(flags);
+    // First: from here on --stop-signal stops the run at the next step boundary, which saves it.
+    const std::unique_ptr<run::StopSignal> stop_signal = examples::watch_stop_signal(flags);
     examples::require_positive("--cpu-replicas", cpu_replicas);
     // amp's checkpoints carry checksums: a damaged newest one is skipped for its predecessor.
     examples::resume_from_checkpoint_dir(flags, examples::Rank{},
@@ -107,7 +110,8 @@ int main(int argc, char** argv) {
     run::Monitor monitor(examples::monitor_options(flags, position, sampler.batches_per_epoch()), 0, 1, device,
                          {header_line, [&] { return run::step_values(sgd, mixed ? &mixed->optimizer : nullptr); }});
     const run::TrainingPosition start = position;
-    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+    bool preempted = examples::stop_signalled(stop_signal.get(), position);  // (a signal during the start)
+    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position) && !preempted) {
       const int64_t epoch = position.epoch;
       sampler.set_epoch(epoch, position.batches_done);
       monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done, position.epoch_loss);
@@ -134,7 +138,8 @@ int main(int argc, char** argv) {
         phases.end(run::Phase::kOptimizer);
         const double step_loss = loss.item<double>();  // the step's one host sync
         position.step_done(sampler.batches_done(), sampler.batches_per_epoch(), step_loss);
-        const bool stop = examples::stop_requested(flags, start, position);
+        preempted = examples::stop_signalled(stop_signal.get(), position);
+        const bool stop = examples::stop_requested(flags, start, position) || preempted;
         monitor.step(step_loss, indices->numel(), /*last=*/stop);
         if (checkpoints.due(position.steps)) {
           monitor.interrupt();
@@ -150,6 +155,7 @@ int main(int argc, char** argv) {
     }
     monitor.finish();
     examples::print_if_stopped(flags, start, position, examples::Rank{});
-    if (checkpoints.final_save_needed(start, position)) save(position);
+    if (checkpoints.final_save_needed(start, position)) save(position);  // (a stop's save too)
+    return preempted ? examples::stopped_resumable(flags, *stop_signal, examples::Rank{}, position) : 0;
   });
 }

@@ -4,6 +4,7 @@
 //   ddp-launch --nproc-per-node 2 ./ddp_launch --synthetic --sync-bn     (BatchNorm statistics over all ranks)
 //   torchrun --nproc-per-node 2 --no-python ./ddp_launch --synthetic
 // The legacy launcher's --local_rank / --local-rank argument is accepted too.
+#include <memory>
 #include <optional>
 
 #include <ddp/distributed_data_parallel.h>
@@ -11,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "common/ddp_worker.h"
+#include "common/preemption.h"
 #include "common/small_cnn.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +27,8 @@ int main(int argc, char** argv) {
 
   return examples::run_main("ddp_launch", [&] {
     examples::check_common_flags(flags);
+    // First: from here on --stop-signal stops the run at a step boundary the ranks agree on, which saves it.
+    const std::unique_ptr<run::StopSignal> stop_signal = examples::watch_stop_signal(flags);
     const int local_rank = examples::local_rank_from_launcher(argc, argv, "ddp_launch");
     // Before joining: the first process of each node speaks for the choice every rank makes alike.
     examples::resume_from_checkpoint_dir(flags, examples::Rank{local_rank, 1}, amp::check_archive_readable);
@@ -46,6 +50,7 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) init.cuda_device(device.index());
     ddp::ProcessGroup group = ddp::init_process_group(init);
     const examples::Rank rank{group.rank(), group.size()};
+    if (stop_signal) stop_signal->join(group);  // the ranks agree on where to stop through the group's store
     // Every rank refuses a global batch that does not split among the processes, before any collective.
     run::DistributedSampler sampler = examples::sampler_from(flags, train_samples, rank);
     // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
@@ -78,7 +83,8 @@ int main(int argc, char** argv) {
                          rank.world_size, device,
                          {header_line, [&] { return run::step_values(optimizer); }, &group, &ddp});
     const run::TrainingPosition start = position;
-    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+    bool preempted = examples::stop_signalled(stop_signal.get(), position);  // (a signal during the start)
+    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position) && !preempted) {
       const int64_t epoch = position.epoch;
       sampler.set_epoch(epoch, position.batches_done);  // this rank's shard of the epoch's shuffle
       monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done, position.epoch_loss);
@@ -94,7 +100,8 @@ int main(int argc, char** argv) {
         phases.end(run::Phase::kOptimizer);
         const double step_loss = loss.item<double>();  // the step's one host sync
         position.step_done(sampler.batches_done(), sampler.batches_per_epoch(), step_loss);
-        const bool stop = examples::stop_requested(flags, start, position);
+        preempted = examples::stop_signalled(stop_signal.get(), position);
+        const bool stop = examples::stop_requested(flags, start, position) || preempted;
         monitor.step(step_loss, indices->numel() * rank.world_size, /*last=*/stop);
         if (rank.rank == 0 && checkpoints.due(position.steps)) {
           monitor.interrupt();
@@ -119,5 +126,6 @@ int main(int argc, char** argv) {
     examples::check_replicas_if_asked(ddp_flags, *net, group);
     if (rank.rank == 0 && checkpoints.final_save_needed(start, position)) save(position);
     group.barrier();  // nobody leaves (and tears the group down) while rank 0 is still evaluating or saving
+    return preempted ? examples::stopped_resumable(flags, *stop_signal, rank, position) : 0;
   });
 }

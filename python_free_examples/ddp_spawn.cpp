@@ -4,6 +4,7 @@
 //   ./ddp_spawn --nproc 2 --synthetic --sync-bn     (BatchNorm statistics over all ranks)
 // Each worker runs train() below: the same DDP training as ddp_launch.cpp, only its process group's address differs.
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -14,13 +15,18 @@
 #include <fmt/format.h>
 
 #include "common/ddp_worker.h"
+#include "common/preemption.h"
 #include "common/small_cnn.h"
 
 namespace {
 
-// One worker: rank `local_rank` of the job, meeting the others at `init_method`.
+// One worker: rank `local_rank` of the job, meeting the others at `init_method`. After a stop on --stop-signal it
+// throws ddp::ResumableStop (its process then ends with run::kExitResumable; ddp::spawn tells the parent).
 void train(examples::CommonFlags flags, const examples::DdpFlags& ddp_flags, int local_rank,
            const std::string& init_method) {
+  // First: from here on --stop-signal stops the run at a step boundary the ranks agree on, which saves it. (The
+  // parent forwards the signal to the workers: they run in process groups of their own.)
+  const std::unique_ptr<run::StopSignal> stop_signal = examples::watch_stop_signal(flags);
   // Before joining: the first process of each node speaks for the choice every rank makes alike.
   examples::resume_from_checkpoint_dir(flags, examples::Rank{local_rank, 1}, amp::check_archive_readable);
   const torch::Device device = examples::pick_device(flags.device, local_rank);
@@ -41,6 +47,7 @@ void train(examples::CommonFlags flags, const examples::DdpFlags& ddp_flags, int
   if (device.is_cuda()) init.cuda_device(device.index());
   ddp::ProcessGroup group = ddp::init_process_group(init);
   const examples::Rank rank{group.rank(), group.size()};
+  if (stop_signal) stop_signal->join(group);  // the ranks agree on where to stop through the group's store
   // Every rank refuses a global batch that does not split among the processes, before any collective.
   run::DistributedSampler sampler = examples::sampler_from(flags, train_samples, rank);
   // The SyncBatchNorm layers were built before the group existed (so that --resume is read first).
@@ -73,7 +80,8 @@ void train(examples::CommonFlags flags, const examples::DdpFlags& ddp_flags, int
                        rank.world_size, device,
                        {header_line, [&] { return run::step_values(optimizer); }, &group, &ddp});
   const run::TrainingPosition start = position;
-  while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+  bool preempted = examples::stop_signalled(stop_signal.get(), position);  // (a signal during the start)
+  while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position) && !preempted) {
     const int64_t epoch = position.epoch;
     sampler.set_epoch(epoch, position.batches_done);  // this rank's shard of the epoch's shuffle
     monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done, position.epoch_loss);
@@ -89,7 +97,8 @@ void train(examples::CommonFlags flags, const examples::DdpFlags& ddp_flags, int
       phases.end(run::Phase::kOptimizer);
       const double step_loss = loss.item<double>();  // the step's one host sync
       position.step_done(sampler.batches_done(), sampler.batches_per_epoch(), step_loss);
-      const bool stop = examples::stop_requested(flags, start, position);
+      preempted = examples::stop_signalled(stop_signal.get(), position);
+      const bool stop = examples::stop_requested(flags, start, position) || preempted;
       monitor.step(step_loss, indices->numel() * rank.world_size, /*last=*/stop);
       if (rank.rank == 0 && checkpoints.due(position.steps)) {
         monitor.interrupt();
@@ -114,6 +123,9 @@ void train(examples::CommonFlags flags, const examples::DdpFlags& ddp_flags, int
   examples::check_replicas_if_asked(ddp_flags, *net, group);
   if (rank.rank == 0 && checkpoints.final_save_needed(start, position)) save(position);
   group.barrier();  // nobody leaves (and tears the group down) while rank 0 is still evaluating or saving
+  if (preempted && examples::stopped_resumable(flags, *stop_signal, rank, position) == run::kExitResumable) {
+    throw ddp::ResumableStop("stopped on " + run::stop_signal_name(stop_signal->signal()));
+  }
 }
 
 }  // namespace
@@ -137,7 +149,7 @@ int main(int argc, char** argv) {
       throw std::invalid_argument(fmt::format("--port must be 0 (a free one) or in 1..65535, got {}", port));
     }
     // Fork before CUDA: the parent must not touch the GPU, so the workers pick their devices themselves.
-    ddp::spawn(
+    const ddp::SpawnOutcome outcome = ddp::spawn(
         nproc,
         [&](int local_rank, int /*nprocs*/) {
           // ddp::spawn exports the port it chose (a free one when --port is 0) as MASTER_PORT.
@@ -146,5 +158,6 @@ int main(int argc, char** argv) {
           train(flags, ddp_flags, local_rank, fmt::format("tcp://127.0.0.1:{}", chosen_port));
         },
         ddp::SpawnOptions().master_port(port));
+    return outcome == ddp::SpawnOutcome::kStoppedResumable ? run::kExitResumable : 0;
   });
 }

@@ -3,10 +3,13 @@
 //   ./train_fashion_mnist --synthetic --epochs 2 --checkpoint-dir runs/cnn --save-every 100
 // Everything that watches and resumes the run is the library's (libtorch_amp::run, docs/run.md): the sampler, the
 // monitor (progress line, --metrics, --report), the run state in each checkpoint, the checkpoint folder.
+#include <memory>
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "common/example_flags.h"
+#include "common/preemption.h"
 #include "common/small_cnn.h"
 
 int main(int argc, char** argv) {
@@ -17,6 +20,8 @@ int main(int argc, char** argv) {
 
   return examples::run_main("train_fashion_mnist", [&] {
     examples::check_common_flags(flags);
+    // First: from here on --stop-signal stops the run at the next step boundary, which saves it.
+    const std::unique_ptr<run::StopSignal> stop_signal = examples::watch_stop_signal(flags);
     // --checkpoint-dir: continue from its newest checkpoint that reads (a fresh start in an empty folder).
     examples::resume_from_checkpoint_dir(flags, examples::Rank{}, amp::check_archive_readable);
     torch::manual_seed(flags.seed);
@@ -50,7 +55,8 @@ int main(int argc, char** argv) {
     run::Monitor monitor(examples::monitor_options(flags, position, sampler.batches_per_epoch()), 0, 1, device,
                          {header_line, [&] { return run::step_values(optimizer); }});
     const run::TrainingPosition start = position;
-    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position)) {
+    bool preempted = examples::stop_signalled(stop_signal.get(), position);  // (a signal during the start)
+    while (position.epoch <= flags.epochs && !examples::stop_requested(flags, start, position) && !preempted) {
       const int64_t epoch = position.epoch;
       sampler.set_epoch(epoch, position.batches_done);
       monitor.begin_epoch(epoch, sampler.batches_per_epoch(), position.batches_done, position.epoch_loss);
@@ -66,7 +72,8 @@ int main(int argc, char** argv) {
         phases.end(run::Phase::kOptimizer);
         const double step_loss = loss.item<double>();  // the step's one host sync
         position.step_done(sampler.batches_done(), sampler.batches_per_epoch(), step_loss);
-        const bool stop = examples::stop_requested(flags, start, position);
+        preempted = examples::stop_signalled(stop_signal.get(), position);
+        const bool stop = examples::stop_requested(flags, start, position) || preempted;
         monitor.step(step_loss, indices->numel(), /*last=*/stop);
         if (checkpoints.due(position.steps)) {
           monitor.interrupt();  // the save's line below the progress line
@@ -83,6 +90,7 @@ int main(int argc, char** argv) {
     }
     monitor.finish();
     examples::print_if_stopped(flags, start, position, examples::Rank{});
-    if (checkpoints.final_save_needed(start, position)) save(position);
+    if (checkpoints.final_save_needed(start, position)) save(position);  // (a stop's save too)
+    return preempted ? examples::stopped_resumable(flags, *stop_signal, examples::Rank{}, position) : 0;
   });
 }

@@ -129,6 +129,8 @@ void validate_launch_config(const LaunchConfig& c) {
   TORCH_CHECK(!c.master_addr.empty(), "--master-addr is empty");
   TORCH_CHECK(c.kill_grace.count() >= 0, "--kill-grace-s must be a non-negative number of seconds, got ",
               c.kill_grace.count() / 1000.0);
+  TORCH_CHECK(c.stop_grace.count() > 0, "--stop-grace-s must be a positive number of seconds, got ",
+              c.stop_grace.count() / 1000.0);
   TORCH_CHECK(!c.rendezvous_timeout || c.rendezvous_timeout->count() > 0,
               "--rendezvous-timeout-s must be a positive number of seconds");
   TORCH_CHECK(!c.collective_timeout || c.collective_timeout->count() > 0,
@@ -147,6 +149,7 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
   // rather than CLI11's "Value 0 not in range 0.000000 to 1797693134862315708145...".
   std::string nproc_per_node, nnodes = "1", node_rank = "0", master_port = std::to_string(c.master_port);
   std::string kill_grace_s = detail::seconds_value(c.kill_grace), rendezvous_timeout_s, collective_timeout_s;
+  std::string stop_grace_s = detail::seconds_value(c.stop_grace);
   bool standalone = false;
   std::string max_restarts = std::to_string(c.max_restarts), hang_timeout_s = detail::seconds_value(c.hang_timeout);
   std::string rejoin_wait_s = detail::seconds_value(c.rejoin_wait);
@@ -176,6 +179,11 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
       ->type_name("INT");
   app.add_flag("--local-rank-arg", c.local_rank_arg, "Also pass --local-rank=N to each worker");
   app.add_option("--kill-grace-s", kill_grace_s, "After a failure, seconds between SIGTERM and SIGKILL")
+      ->type_name("FLOAT");
+  app.add_option("--stop-grace-s", stop_grace_s,
+                 "After a signal it forwards to the workers (SIGINT, SIGTERM, SIGUSR1, SIGUSR2), seconds they get to "
+                 "stop on their own before SIGKILL (a worker that saves on its stop signal and exits 75 ends the job "
+                 "as resumable: no restart)")
       ->type_name("FLOAT");
   app.add_option("--rendezvous-timeout-s,--rdzv-timeout-s", rendezvous_timeout_s,
                  "Seconds the workers wait for all ranks to join before giving up (DDP_RENDEZVOUS_TIMEOUT_S; unset: "
@@ -251,6 +259,7 @@ ParsedLaunchArgs parse_launch_args(int argc, const char* const* argv) {
     }
     c.master_port = int_flag("--master-port", master_port, 0, kMaxPort, "an integer in [0, 65535]");
     c.kill_grace = seconds_flag("--kill-grace-s", kill_grace_s, /*positive=*/false);
+    c.stop_grace = seconds_flag("--stop-grace-s", stop_grace_s, /*positive=*/true);
     c.max_restarts = int_flag("--max-restarts", max_restarts, 0, kMaxRestarts, "an integer in [0, 1000000]");
     c.hang_timeout = seconds_flag("--hang-timeout-s", hang_timeout_s, /*positive=*/false);
     if (!rendezvous_timeout_s.empty()) {

@@ -22,11 +22,13 @@
 #include <c10/util/Exception.h>
 
 #include <ddp/launch/error_file.h>
+#include <ddp/launch/exit_codes.h>
 #include <ddp/launch/health_watch.h>
 #include <ddp/launch/job_store.h>
 #include <ddp/launch/progress_record.h>
 #include <ddp/launch/rendezvous.h>
 #include <ddp/launch/restart_policy.h>
+#include <ddp/launch/signal_forwarding.h>
 #include <ddp/launch/text.h>
 #include <ddp/launch/worker_group.h>
 #include <ddp/process_group.h>
@@ -51,38 +53,6 @@ constexpr std::chrono::milliseconds kLeaveWait{10000};
 constexpr std::chrono::milliseconds kCauseWait{10000};
 /// How often a finished node looks at the store while it waits for the others.
 constexpr std::chrono::milliseconds kStorePollInterval{100};
-
-volatile std::sig_atomic_t g_pending_signal = 0;   // to forward, reset by the supervisor
-volatile std::sig_atomic_t g_received_signal = 0;  // the last one received, for the exit code
-
-extern "C" void on_forwarded_signal(int signal) {
-  g_pending_signal = signal;
-  g_received_signal = signal;
-}
-
-/// Installs the forwarding handler for SIGINT and SIGTERM for one launch, and restores the previous ones.
-class SignalForwarding {
- public:
-  SignalForwarding() {
-    g_pending_signal = 0;
-    g_received_signal = 0;
-    struct sigaction action {};
-    action.sa_handler = on_forwarded_signal;
-    sigemptyset(&action.sa_mask);
-    ::sigaction(SIGINT, &action, &old_int_);
-    ::sigaction(SIGTERM, &action, &old_term_);
-  }
-  ~SignalForwarding() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  SignalForwarding(const SignalForwarding&) = delete;
-  SignalForwarding& operator=(const SignalForwarding&) = delete;
-
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-};
 
 /// Why `file` cannot be executed, as the end of "cannot run 'P': ..." with the shell's code; nullopt when it can.
 std::optional<ProgramProblem> why_not_runnable(const std::string& file) {
@@ -259,8 +229,7 @@ void start_workers(const LaunchConfig& c, int port, const WorkerAttempt& base, i
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL takes its workers along
       if (::getppid() != parent) ::_exit(kExitNotFound);
-      ::signal(SIGINT, SIG_DFL);
-      ::signal(SIGTERM, SIG_DFL);
+      for (const int forwarded : detail::kForwardedSignals) ::signal(forwarded, SIG_DFL);
       ::dup2(stderr_pipe[1], STDERR_FILENO);  // the copy does not inherit O_CLOEXEC; both originals close on exec
       ::execvpe(argv.pointers[0], argv.pointers.data(), envp.pointers.data());
       const char* why = std::strerror(errno);
@@ -277,6 +246,7 @@ void start_workers(const LaunchConfig& c, int port, const WorkerAttempt& base, i
 /// How one attempt ended on this node.
 struct AttemptEnd {
   bool succeeded = false;
+  bool resumable = false;      // (succeeded) workers stopped on their stop signal and saved: ddp::kExitResumable
   bool asked_to_stop = false;  // the launcher received SIGINT/SIGTERM
   int exit_code = 0;           // when it failed
   std::string cause;           // when it failed: one line, the cause every node agrees on
@@ -300,10 +270,11 @@ struct AttemptNodes {
 /// With several nodes, after this node's workers finished: waits until every node's have, or one node failed
 /// (then returns its cause: the job is not done until all nodes are).
 std::optional<std::string> wait_for_other_nodes(const LaunchConfig& c, detail::JobStore& store, int attempt,
-                                                const AttemptNodes& nodes) {
+                                                const AttemptNodes& nodes, bool even_if_signalled) {
   const auto deadline = std::chrono::steady_clock::now() + c.rendezvous_timeout.value_or(kDefaultNodesDoneWait);
   int64_t done = store.report_done(attempt);
-  while (done < c.nnodes && g_received_signal == 0) {
+  // (Asked to stop: not waited for, unless the workers stopped resumable, as every node's do within a few steps.)
+  while (done < c.nnodes && (even_if_signalled || detail::SignalForwarding::received() == 0)) {
     if (store.failed(attempt)) {
       store.report_no_failure(attempt, nodes.self);
       return store.cause_of(attempt, nodes.all, c.kill_grace + kCauseWait).value_or("another node failed");
@@ -377,14 +348,25 @@ AttemptEnd run_attempt(const LaunchConfig& c, int port, int attempt, const Attem
       reported = true;
     };
   }
-  const std::vector<detail::WorkerExit> failures = group.wait(c.kill_grace, &g_pending_signal, STDERR_FILENO, hooks);
+  group.set_stop_grace(c.stop_grace);
+  const std::vector<detail::WorkerExit> failures =
+      group.wait(c.kill_grace, detail::SignalForwarding::pending(), STDERR_FILENO, hooks);
+  if (group.killed_after_stop_grace()) {
+    log << "ddp-launch: the workers did not end within --stop-grace-s " << detail::seconds_value(c.stop_grace)
+        << " s of the forwarded signal: killed them" << std::endl;
+  }
   AttemptEnd end;
-  end.asked_to_stop = g_received_signal != 0 && (failures.empty() || failures.front().after_forwarded_signal);
+  // Workers that stopped resumable (ddp/launch/exit_codes.h) saved on their stop signal, this launcher's or their own:
+  // the job stops, as done for now.
+  end.resumable = failures.empty() && group.resumable_exits() > 0;
+  end.asked_to_stop = detail::SignalForwarding::received() != 0 && !end.resumable &&
+                      (failures.empty() || failures.front().after_forwarded_signal);
   if (end.asked_to_stop) return end;
   if (failures.empty()) {
     std::optional<std::string> failure;
-    if (shared) failure = wait_for_other_nodes(c, *store, attempt, nodes);
-    end.asked_to_stop = g_received_signal != 0;  // while it waited for the other nodes
+    if (shared) failure = wait_for_other_nodes(c, *store, attempt, nodes, /*even_if_signalled=*/end.resumable);
+    end.asked_to_stop =
+        detail::SignalForwarding::received() != 0 && !end.resumable;  // while it waited for the other nodes
     if (!failure && !end.asked_to_stop) {
       end.succeeded = true;
       return end;
@@ -443,7 +425,7 @@ std::optional<int> take_round(const LaunchConfig& c, detail::Rendezvous& rendezv
   const std::optional<detail::RoundOutcome> round =
       host ? rendezvous.host(attempt, restart_line) : rendezvous.join(attempt);
   if (!round) {  // asked to stop while waiting for the nodes
-    const int received = g_received_signal;
+    const int received = detail::SignalForwarding::received();
     log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received) << ")" << std::endl;
     if (host) rendezvous.end(attempt, kSignalExitBase + received, "ddp-launch: node 0 was asked to stop\n", 0, {});
     return kSignalExitBase + received;
@@ -485,7 +467,7 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
   // With several nodes, a sign of life for the others (a lost node is then named in seconds).
   std::optional<detail::Heartbeat> heartbeat;
   if (store && c.nnodes > 1) heartbeat.emplace(c.master_addr, port, c.node_rank);
-  SignalForwarding forwarding;
+  const detail::SignalForwarding forwarding(/*ignore_after_signal=*/true);
   const LaunchFolder folder;
   if (folder.path().empty()) {
     log << "ddp-launch: warning: could not make a folder in " << (std::getenv("TMPDIR") ? "TMPDIR" : "/tmp")
@@ -496,7 +478,7 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
   if (c.elastic()) {
     rendezvous.emplace(*store, detail::Rendezvous::Options{c.node_rank, *c.min_nodes, c.nnodes, c.rejoin_wait,
                                                            c.rendezvous_timeout.value_or(kDefaultNodesDoneWait),
-                                                           [] { return g_received_signal != 0; }});
+                                                           [] { return detail::SignalForwarding::received() != 0; }});
   }
   detail::RestartBudget budget(c.max_restarts);
   std::string restart_line;  // node 0 of an elastic job: sent to the other nodes with the next round's outcome
@@ -517,6 +499,12 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
     const auto end_job = [&](int exit_code, const std::string& message, int expected) {
       if (rendezvous && host) rendezvous->end(attempt + 1, exit_code, message, expected, c.kill_grace + kLeaveWait);
     };
+    if (end.succeeded && end.resumable) {  // not a failure: nothing charged to --max-restarts, and no restart
+      log << "ddp-launch: the workers stopped at a step boundary and saved (exit code " << kExitResumable
+          << ": resumable); the same command continues the job" << std::endl;
+      end_job(kExitResumable, "ddp-launch: the job stopped, resumable, before this node was admitted\n", 0);
+      return kExitResumable;
+    }
     if (end.succeeded) {
       end_job(0, "ddp-launch: the job finished before this node was admitted\n", 0);
       return 0;
@@ -534,7 +522,7 @@ int run_launch(const LaunchConfig& c, std::ostream& log) {
       }
     };
     // Asked to stop (SIGINT/SIGTERM): never restarted. A worker that had failed before keeps its summary and code.
-    if (const int received = g_received_signal; received != 0) {
+    if (const int received = detail::SignalForwarding::received(); received != 0) {
       log << "ddp-launch: asked to stop by signal " << received << " (" << ::strsignal(received)
           << "): forwarded it to its " << c.nproc_per_node << " worker" << (c.nproc_per_node == 1 ? "" : "s")
           << " and stopped them" << std::endl;

@@ -30,6 +30,9 @@ struct LaunchConfig {
   int master_port = kDefaultMasterPort;        ///< 0: pick a free port (single node only)
   bool local_rank_arg = false;                 ///< also pass --local-rank=N to each worker (the legacy launcher's way)
   std::chrono::milliseconds kill_grace{5000};  ///< after a failure: SIGTERM to the others, SIGKILL after this
+  /// After a signal the launcher forwards (SIGINT, SIGTERM, SIGUSR1, SIGUSR2), how long the workers get to stop on
+  /// their own (a preemption-aware worker saves then) before SIGKILL. torchrun's is a fixed 30 s.
+  std::chrono::milliseconds stop_grace{30000};
   /// The workers' rendezvous timeout, passed as DDP_RENDEZVOUS_TIMEOUT_S (see ddp::InitOptions); unset: not passed,
   /// the workers' default applies.
   std::optional<std::chrono::milliseconds> rendezvous_timeout;

@@ -14,6 +14,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <ddp/launch/exit_codes.h>
+#include <ddp/launch/signal_forwarding.h>
 #include <ddp/launch/text.h>
 #include <ddp/launch/worker_group.h>
 #include <ddp/process_group.h>
@@ -63,6 +65,9 @@ void write_all(int fd, const std::string& text) {
   int code = 0;
   try {
     fn(local_rank, nprocs);
+  } catch (const ResumableStop& e) {  // it saved on its stop signal: not a failure
+    write_all(message_fd, e.what());
+    code = kExitResumable;
   } catch (const c10::Error& e) {
     write_all(message_fd, e.what_without_backtrace());
     code = kExitException;
@@ -81,7 +86,7 @@ void write_all(int fd, const std::string& text) {
 
 }  // namespace
 
-void spawn(int nprocs, const std::function<void(int local_rank, int nprocs)>& fn, const SpawnOptions& options) {
+SpawnOutcome spawn(int nprocs, const std::function<void(int local_rank, int nprocs)>& fn, const SpawnOptions& options) {
   TORCH_CHECK(nprocs >= 1, "spawn: nprocs must be >= 1, got ", nprocs);
   TORCH_CHECK(fn, "spawn: fn is empty");
   TORCH_CHECK(options.master_port() >= 0 && options.master_port() <= 65535,
@@ -110,8 +115,11 @@ void spawn(int nprocs, const std::function<void(int local_rank, int nprocs)>& fn
     ::close(fds[1]);
     group.add(local_rank, local_rank, pid, fds[0]);
   }
-  const auto failures = group.wait(options.kill_grace());
-  if (failures.empty()) return;
+  // Forwarded while the workers run (they are in process groups of their own: a terminal's SIGINT reaches only us).
+  const detail::SignalForwarding forwarding;
+  group.set_stop_grace(options.stop_grace());
+  const auto failures = group.wait(options.kill_grace(), detail::SignalForwarding::pending());
+  if (failures.empty()) return group.resumable_exits() > 0 ? SpawnOutcome::kStoppedResumable : SpawnOutcome::kFinished;
   const detail::WorkerExit& root = failures.front();
   // Every rank failed alike on its own (a bad flag or file each rank reads): one mention of the error, every rank
   // named, no root cause picked among equals.

@@ -19,6 +19,7 @@
 #include <c10/util/Exception.h>
 
 #include <ddp/launch/error_file.h>
+#include <ddp/launch/exit_codes.h>
 #include <ddp/launch/store_socket.h>
 
 namespace ddp::detail {
@@ -329,7 +330,9 @@ WorkerExit WorkerGroup::exit_of(Worker& w, int status, int forward_fd) {
   if (exit.message.empty()) exit.message = w.uncaught;  // the uncaught exception's message is the error
   exit.last_line = w.last_line;
   // Ended by the group's signal; one that failed on its own meanwhile (its error came first) is not "stopped".
-  exit.stopped_by_group = w.signalled && WIFSIGNALED(status) && w.hang.empty();
+  // (A worker that saves on SIGTERM, --stop-signal, ends with kExitResumable instead.)
+  const bool saved_and_stopped = WIFEXITED(status) && WEXITSTATUS(status) == kExitResumable;
+  exit.stopped_by_group = w.signalled && (WIFSIGNALED(status) || saved_and_stopped) && w.hang.empty();
   exit.hang = w.hang;
   exit.after_forwarded_signal = w.forwarded;
   const auto now = std::chrono::steady_clock::now();
@@ -359,9 +362,16 @@ bool WorkerGroup::reap_ended(bool block, int forward_fd, std::vector<WorkerExit>
   for (Worker& w : workers_) {
     if (!w.running) continue;
     const std::optional<int> status = reap(w, block);
+    // A worker that stopped resumable (it saved on its stop signal) is no failure: the others are saving too. Not
+    // one the group itself stopped (after another's failure, for a membership change): that one was stopped.
+    const bool resumable = status && WIFEXITED(*status) && WEXITSTATUS(*status) == kExitResumable && !w.signalled;
     // A hung worker is a failure however it ends (one that saves and exits 0 on SIGTERM too).
-    if (status && (*status != 0 || !w.hang.empty())) failures.push_back(exit_of(w, *status, forward_fd));
-    if (status && *status == 0 && w.hang.empty()) drain_output(w, forward_fd, /*final=*/true);
+    const bool clean = status && (*status == 0 || resumable) && w.hang.empty();
+    if (status && !clean) failures.push_back(exit_of(w, *status, forward_fd));
+    if (clean) {
+      resumable_exits_ += resumable ? 1 : 0;
+      drain_output(w, forward_fd, /*final=*/true);
+    }
     any_running = any_running || w.running;
   }
   return any_running;
@@ -372,6 +382,16 @@ void WorkerGroup::settle(int forward_fd, std::vector<WorkerExit>& failures) {
   while (reap_ended(/*block=*/false, forward_fd, failures) && std::chrono::steady_clock::now() < deadline) {
     pump_output(kPollInterval, forward_fd);
   }
+}
+
+void WorkerGroup::enforce_stop_grace(int forward_fd, std::vector<WorkerExit>& failures) {
+  if (!stop_deadline_ || std::chrono::steady_clock::now() < *stop_deadline_) return;
+  bool any_running = false;
+  for (const Worker& w : workers_) any_running = any_running || w.running;
+  if (!any_running) return;
+  killed_after_stop_grace_ = true;
+  signal_all(SIGKILL);
+  reap_ended(/*block=*/true, forward_fd, failures);
 }
 
 void WorkerGroup::terminate_rest(std::chrono::milliseconds kill_grace, int forward_fd,
@@ -402,7 +422,9 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
       *pending_signal = 0;
       for (Worker& w : workers_) w.forwarded = w.forwarded || w.running;
       signal_all(signal);
+      if (stop_grace_ && !stop_deadline_) stop_deadline_ = std::chrono::steady_clock::now() + *stop_grace_;
     }
+    enforce_stop_grace(forward_fd, failures);
     // Every worker found ended in this pass is recorded before the rest are stopped, so that a worker that failed
     // on its own is not reported as stopped; they are ordered by when they ended at the end.
     const bool any_running = reap_ended(/*block=*/false, forward_fd, failures);

@@ -97,7 +97,8 @@ class WorkerGroup {
   void add(int rank, int local_rank, pid_t pid, int message_fd = -1, int output_fd = -1,
            const std::string& error_file = "");
 
-  /// Waits until every worker has exited. When one fails (nonzero exit or a signal), gives the others up to 2 s
+  /// Waits until every worker has exited. When one fails (nonzero exit other than ddp::kExitResumable, or a signal),
+  /// gives the others up to 2 s
   /// to end on their own (a peer that failed first may still be tearing down), then sends SIGTERM to those still
   /// running, SIGKILL after `kill_grace`, reaps them, and returns every failure in the order they failed (see
   /// WorkerExit::observed; those the group stopped last; the first is the root cause); returns an empty vector when all
@@ -110,6 +111,15 @@ class WorkerGroup {
 
   /// Sends `signal` to every worker still running (to its process group).
   void signal_all(int signal);
+
+  /// After wait() first forwards a signal, how long the workers get to end on their own (a preemption-aware worker
+  /// saves its checkpoint then) before those still running are killed (SIGKILL). Unset (the default): no limit.
+  void set_stop_grace(std::chrono::milliseconds grace) { stop_grace_ = grace; }
+  /// Whether wait() killed workers that outlived the stop grace.
+  bool killed_after_stop_grace() const { return killed_after_stop_grace_; }
+  /// How many workers exited with ddp::kExitResumable ("stopped, resumable": ddp/launch/exit_codes.h). Such an exit
+  /// is not a failure: it does not stop the others, who are saving too.
+  int resumable_exits() const { return resumable_exits_; }
 
  private:
   struct Worker {
@@ -151,7 +161,14 @@ class WorkerGroup {
   void settle(int forward_fd, std::vector<WorkerExit>& failures);
   void terminate_rest(std::chrono::milliseconds kill_grace, int forward_fd, std::vector<WorkerExit>& failures);
 
+  /// Kills the workers still running once the stop grace after a forwarded signal has passed.
+  void enforce_stop_grace(int forward_fd, std::vector<WorkerExit>& failures);
+
   std::vector<Worker> workers_;
+  std::optional<std::chrono::milliseconds> stop_grace_;
+  std::optional<std::chrono::steady_clock::time_point> stop_deadline_;  ///< set when a signal is first forwarded
+  bool killed_after_stop_grace_ = false;
+  int resumable_exits_ = 0;
 };
 
 /// A TCP port that was free on `host` a moment ago (the kernel's choice for port 0). Another process may still

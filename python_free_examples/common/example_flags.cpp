@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <ddp/launch/error_file.h>
 #include <ddp/progress.h>
 #include <fmt/format.h>
+#include <run/stop_signal.h>
 
 namespace examples {
 
@@ -77,6 +79,14 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
   app.add_option("--stop-after-steps", flags.stop_after_steps,
                  "For testing resumption: stop after S optimizer steps of this process, mid-epoch if it falls there, "
                  "and write --save");
+  app.add_option("--stop-signal", flags.stop_signal,
+                 "With --save or --checkpoint-dir: on this signal (TERM, INT, HUP, QUIT, USR1, USR2) every rank stops "
+                 "after the same step, saves it, and the run exits 75 (resumable); the same command then continues "
+                 "(docs/clusters.md, \"Preemption\")")
+      ->default_str("TERM");
+  app.add_flag("--requeue", flags.requeue,
+               "In a Slurm batch job, with --checkpoint-dir: after a stop on --stop-signal, rank 0 runs `scontrol "
+               "requeue $SLURM_JOB_ID`, and the requeued job continues from the checkpoint");
 }
 
 std::string run_header_line(const CommonFlags& flags, const Data& data, const RunHeader& header) {
@@ -163,6 +173,24 @@ void check_common_flags(const CommonFlags& flags) {
     }
   }
   if (flags.stop_after_steps) require_positive("--stop-after-steps", *flags.stop_after_steps);
+  if (flags.stop_signal) {
+    run::parse_stop_signal(*flags.stop_signal);  // throws naming --stop-signal
+    if (flags.save.empty() && flags.checkpoint_dir.empty()) {
+      throw std::invalid_argument(fmt::format(
+          "--stop-signal {} needs --save or --checkpoint-dir: where the stopped run saves", *flags.stop_signal));
+    }
+  }
+  if (flags.requeue) {
+    if (flags.checkpoint_dir.empty()) {
+      throw std::invalid_argument(
+          "--requeue needs --checkpoint-dir: the requeued job runs the same command, which continues from the "
+          "newest checkpoint there");
+    }
+    const char* job = std::getenv("SLURM_JOB_ID");
+    if (job == nullptr || *job == '\0') {
+      throw std::invalid_argument("--requeue: SLURM_JOB_ID is not set: this is not a Slurm job");
+    }
+  }
   run::check_observe_options(flags.observe);
   struct stat info {};
   if (!flags.resume.empty()) {
@@ -403,15 +431,14 @@ void load_resume_checkpoint(const std::string& path, const std::function<void()>
   }
 }
 
-int run_main(const char* program, const std::function<void()>& body) {
+int run_main(const char* program, const std::function<int()>& body) {
   // Each line the run prints (its header, each save, each epoch's result) reaches a log or the launcher's pipe when
   // it is printed, not when a 4 KiB buffer fills: a log read mid-run has it, and a SIGTERM loses none. (Before any
   // output: parse_flags prints only when it returns early.)
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string error;
   try {
-    body();
-    return 0;
+    return body();
   } catch (const c10::Error& e) {
     error = one_line(e.what_without_backtrace());
   } catch (const std::exception& e) {

@@ -32,8 +32,8 @@ constexpr double kSgdMomentum = 0.9;
 
 /// The flags every example takes (--epochs, --batch-size, --lr, --seed, --device, --synthetic, --data,
 /// --limit-train, --save, --save-every, --resume, --checkpoint-dir, --keep-last, --quiet, --progress-every,
-/// --stop-after-steps, and what the run records: --metrics, --metrics-every, --report, --timeline,
-/// --timeline-steps).
+/// --stop-after-steps, --stop-signal, --requeue, and what the run records: --metrics, --metrics-every, --report,
+/// --timeline, --timeline-steps).
 struct CommonFlags {
   std::string data_dir = kDefaultFashionMnistDir;
   bool synthetic = false;
@@ -54,6 +54,8 @@ struct CommonFlags {
   bool quiet = false;                       // no progress line (run::Progress, run::ProgressStyle::kQuiet)
   double progress_every = 10.0;             // seconds between progress lines when stdout is not a terminal
   std::optional<int64_t> stop_after_steps;  // for testing resumption: stop after S steps of this process
+  std::optional<std::string> stop_signal;   // run::StopSignal's signal (TERM when the run saves; common/preemption.h)
+  bool requeue = false;                     // after a stop on it: scontrol requeue $SLURM_JOB_ID (rank 0)
   run::ObserveOptions observe;              // --metrics, --report, --timeline (docs/observability.md)
 };
 
@@ -203,9 +205,9 @@ std::optional<run::RunState> load_amp_checkpoint(const std::string& path, amp::M
   return state;
 }
 
-/// Makes stdout line-buffered (a log or a pipe gets each line when it is printed), runs `body`, and turns an
-/// exception into "program: message" on stderr (one line: one_line of the message without LibTorch's backtrace) and
-/// exit status 1.
-int run_main(const char* program, const std::function<void()>& body);
+/// Makes stdout line-buffered (a log or a pipe gets each line when it is printed), runs `body` and returns its exit
+/// code (0, or run::kExitResumable after a stop on --stop-signal), and turns an exception into "program: message" on
+/// stderr (one line: one_line of the message without LibTorch's backtrace) and exit status 1.
+int run_main(const char* program, const std::function<int()>& body);
 
 }  // namespace examples

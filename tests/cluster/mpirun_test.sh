@@ -32,3 +32,27 @@ grep -q "MASTER_ADDR is not set: MPI does not say which host rank 0 is on" "$scr
   ! grep -q "frame #" "$scratch/no_addr.txt" ||
   { echo "FAILED: without MASTER_ADDR:"; cat "$scratch/no_addr.txt"; exit 1; }
 echo "without MASTER_ADDR: $(grep -m1 "MASTER_ADDR is not set" "$scratch/no_addr.txt")"
+
+# Preemption: mpirun forwards SIGUSR1 to its ranks (it ends them on SIGTERM itself); with --stop-signal USR1 they
+# stop after the same step, save it, and mpirun exits 75; the same command continues and ends with the final
+# checkpoint of an unbroken ddp-launch run, byte for byte.
+stop_args=(--synthetic --limit-train 2048 --epochs 2 --batch-size 16 --device cpu --opt-level O2 --quiet)
+"$launch" --nproc-per-node 2 --master-port 0 "$program" "${stop_args[@]}" --checkpoint-dir "$scratch/unbroken" \
+  >"$scratch/unbroken.txt" 2>&1 || { echo "FAILED: the unbroken ddp-launch run:"; cat "$scratch/unbroken.txt"; exit 1; }
+preempted=("${mpi[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" "$program" "${stop_args[@]}"
+  --checkpoint-dir "$scratch/preempted" --stop-signal USR1 --metrics "$scratch/metrics.jsonl" --metrics-every 1)
+"${preempted[@]}" >"$scratch/stopped.txt" 2>&1 &
+job=$!
+for _ in $(seq 600); do
+  [ -f "$scratch/metrics.jsonl" ] && [ "$(wc -l <"$scratch/metrics.jsonl")" -ge 4 ] && break
+  sleep 0.1
+done
+kill -USR1 $job
+wait $job
+code=$?
+[ $code -eq 75 ] && grep -q "every rank stopped after step [0-9]* and saved it" "$scratch/stopped.txt" ||
+  { echo "FAILED: mpirun after SIGUSR1 exited $code:"; cat "$scratch/stopped.txt"; exit 1; }
+"${preempted[@]}" >"$scratch/resumed.txt" 2>&1 || { echo "FAILED: the resumed run:"; cat "$scratch/resumed.txt"; exit 1; }
+cmp -s "$scratch/unbroken/step-000000000128.pt" "$scratch/preempted/step-000000000128.pt" ||
+  { echo "FAILED: the resumed mpirun job's final checkpoint differs from the unbroken run's"; exit 1; }
+echo "SIGUSR1 to mpirun: $(grep -m1 "^stopped by" "$scratch/stopped.txt" | cut -d';' -f1); the resumed job ends byte-identical"

@@ -8,18 +8,10 @@
 # Usage: slurm_test.sh <source dir> <ddp-launch> <amp_ddp> <scratch dir>
 set -u
 source_dir=$1 launch=$2 program=$3 scratch=$4
-[ "$(id -u)" = 0 ] || { echo "skipped: the one-node Slurm runs its daemons as root"; exit 77; }
-for tool in munged slurmctld slurmd srun sbatch; do
-  command -v $tool >/dev/null || { echo "skipped: $tool not found (apt-get install slurm-wlm munge)"; exit 77; }
-done
-rm -rf "$scratch" && mkdir -p "$scratch"
-cluster="$scratch/cluster"
-SLURM_CONF=$(bash "$source_dir/tests/cluster/slurm_cluster.sh" start "$cluster") || exit 1
-export SLURM_CONF
-trap 'bash "$source_dir/tests/cluster/slurm_cluster.sh" stop "$cluster"' EXIT
+slurm_tools="srun sbatch"
+source "$source_dir/tests/cluster/slurm_prelude.sh"
 args="--synthetic --limit-train 1024 --epochs 1 --batch-size 64 --device cpu --opt-level O2 --check-replicas"
 digest() { sed -n 's/.*bit-identical parameters (FNV-1a \(0x[0-9a-f]*\)).*/\1/p' "$1"; }
-fail() { echo "FAILED: $1"; [ -n "${2:-}" ] && cat "$2"; exit 1; }
 
 "$launch" --nproc-per-node 2 --master-port 0 "$program" $args >"$scratch/launch.txt" 2>&1 ||
   fail "the ddp-launch run" "$scratch/launch.txt"

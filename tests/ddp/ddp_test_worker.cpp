@@ -184,6 +184,28 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(kLongSleep);
       return 0;
     }
+    if (mode == "stop_on_signal") {  // a preemption-aware program: on --signal it "saves" and exits --code
+      const ddp::LaunchEnv env = ddp::launch_env_from_environment();
+      static volatile std::sig_atomic_t got = 0;
+      const int signal = std::stoi(arg_value(argc, argv, "--signal", std::to_string(SIGUSR1)));
+      if (arg_value(argc, argv, "--ignore", "") == "1") {
+        std::signal(signal, SIG_IGN);  // one that never stops: the launcher's stop grace ends it
+      } else {
+        std::signal(signal, [](int) { got = 1; });
+      }
+      std::ofstream(out + "/ready" + std::to_string(env.rank)) << ::getpid();
+      const auto deadline = std::chrono::steady_clock::now() + kLongSleep;
+      while (got == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (got == 0) return 3;
+      // Rank 0 "saves" longer: the others' resumable exits must not stop it.
+      if (env.rank == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(arg_value(argc, argv, "--save-ms", "0"))));
+      }
+      std::ofstream(out + "/saved" + std::to_string(env.rank)) << "saved";
+      return std::stoi(arg_value(argc, argv, "--code", "75"));
+    }
     if (mode == "compare") {
       TORCH_CHECK(argc >= 4, "compare needs two files");
       std::vector<torch::Tensor> a, b;

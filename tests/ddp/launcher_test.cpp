@@ -29,6 +29,7 @@
 
 #include "cli_help.h"
 #include "ddp/ddp_test_util.h"
+#include "ddp/launch_process.h"
 #include "test_util.h"
 
 // ddp-launch and its library part are built when CLI11 is present; LTA_DDP_LAUNCH says so.
@@ -38,6 +39,13 @@ namespace {
 
 using ddp_test::contains_all;
 using Clock = std::chrono::steady_clock;
+using ddp_test::exit_code;
+using ddp_test::kLaunch;
+using ddp_test::kLimit;
+using ddp_test::kWorker;
+using ddp_test::last_line;
+using ddp_test::line_with;
+using ddp_test::Process;
 
 ddp::ParsedLaunchArgs parse(std::vector<std::string> args) {
   args.insert(args.begin(), "ddp-launch");
@@ -379,74 +387,6 @@ TEST(CheckProgramTest, AProgramInTheCurrentFolderButNotInPathGetsAHint) {
   ASSERT_TRUE(problem.has_value());
   EXPECT_EQ(problem->exit_code, 127);
   EXPECT_EQ(problem->message, "cannot run 'train': not found in PATH (the current folder has it: run it as ./train)");
-}
-
-/// A command started in the background with its output in a file.
-class Process {
- public:
-  explicit Process(const std::string& command) : log_(dir_.file("log")) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const std::string line = "exec " + command + " > " + log_ + " 2>&1";
-      ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~Process() {
-    if (pid_ > 0 && !status_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  /// Waits up to `limit`; returns the exit status (or nullopt after killing it when it ran too long).
-  std::optional<int> wait(std::chrono::seconds limit) {
-    const auto deadline = Clock::now() + limit;
-    while (Clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        status_ = status;
-        return status_;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return std::nullopt;
-  }
-  std::string output() const {
-    std::ifstream in(log_);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  ddp_test::ScratchDir dir_;
-  std::string log_;
-  pid_t pid_ = -1;
-  std::optional<int> status_;
-};
-
-const std::string kLaunch = LTA_DDP_LAUNCH;
-const std::string kWorker = LTA_DDP_TEST_WORKER;
-constexpr std::chrono::seconds kLimit{60};
-
-int exit_code(const std::optional<int>& status) { return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1; }
-
-std::string last_line(const std::string& text) {
-  std::string line, last;
-  std::istringstream in(text);
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  return last;
-}
-
-/// The line of `text` that contains `fragment`, or "".
-std::string line_with(const std::string& text, const std::string& fragment) {
-  std::string line;
-  std::istringstream in(text);
-  while (std::getline(in, line)) {
-    if (line.find(fragment) != std::string::npos) return line;
-  }
-  return "";
 }
 
 TEST(DdpLaunchTest, TwoAndFourWorkersTrainTogetherAndEndBitIdentical) {
