@@ -266,6 +266,16 @@ std::string store_prefix() {
   return std::string(kStorePrefix) + (restart != nullptr && *restart != '\0' ? std::string("/") + restart : "");
 }
 
+/// Where this process's world size came from, for an error: the variable that set it, or the program's option.
+std::string world_size_source() {
+  for (const char* variable : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
+      return std::string(variable) + "=" + value;
+    }
+  }
+  return "InitOptions::world_size";
+}
+
 /// Note [rendezvous that gives up]
 /// TCPStore's own wait for the workers is silent and counts connections, not ranks: rank 0 alone with
 /// WORLD_SIZE=2 waited the full timeout without a word, and its error could not say who was missing. So the
@@ -295,6 +305,16 @@ class RendezvousWait {
     const int64_t claims = store_call([&] { return store->add(rank_key, 1); });
     TORCH_CHECK(claims == 1, "rank ", rdzv_.rank, " arrived at the rendezvous at ", where_,
                 " twice: two processes were given RANK=", rdzv_.rank, " (check RANK, or --node-rank on every node)");
+    // Every rank must be given the same world size: the first rank's is in the store, and the others compare (else
+    // a rank told a larger one would wait out the whole timeout for a rank that never comes).
+    const std::string mine = std::to_string(rdzv_.world_size);
+    const std::vector<uint8_t> first_bytes = store_call([&] {
+      return store->compareSet("world_size", std::vector<uint8_t>{}, std::vector<uint8_t>(mine.begin(), mine.end()));
+    });
+    const std::string first(first_bytes.begin(), first_bytes.end());
+    TORCH_CHECK(first == mine, "rank ", rdzv_.rank, " was given world size ", mine, " (", world_size_source(),
+                "), but a rank that came to the rendezvous at ", where_, " before it was given ", first,
+                ": every rank of a job needs the same");
     int64_t joined = store_call([&] { return store->add("joined", 1); });
     while (joined < rdzv_.world_size) {
       const auto now = Clock::now();

@@ -52,18 +52,10 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-MpiDefault=none
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
 NodeName=$host CPUs=$(nproc) State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
+cat "$(dirname "$0")/slurm_plugins.conf" >>"$dir/slurm.conf"
 export SLURM_CONF="$dir/slurm.conf"
 slurmctld -f "$SLURM_CONF" && slurmd -f "$SLURM_CONF" ||
   { echo "slurmctld / slurmd did not start:" >&2; cat "$dir"/log/*.log >&2; stop; exit 1; }

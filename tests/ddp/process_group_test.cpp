@@ -215,6 +215,28 @@ TEST(ProcessGroupTest, TwoProcessesClaimingOneRankIsAnError) {
       << message;
 }
 
+TEST(ProcessGroupTest, RanksGivenDifferentWorldSizesAreOneLineNamingTheVariable) {
+  LTA_REQUIRE_GLOO();
+  // Rank 1 is told WORLD_SIZE=3 (a wrong variable on one node): before, it waited out the rendezvous timeout for a
+  // rank 2 that never comes; now it stops at once, naming the variable and both values.
+  const std::string message = error_of([&] {
+    ddp::spawn(
+        2,
+        [](int rank, int) {
+          if (rank == 1) {
+            std::this_thread::sleep_for(milliseconds(300));  // rank 0 comes first
+            ::setenv("WORLD_SIZE", "3", 1);
+          }
+          ddp::init_process_group(ddp::InitOptions().rendezvous_timeout(milliseconds(60000)));
+        },
+        ddp::SpawnOptions().kill_grace(milliseconds(500)));
+  });
+  EXPECT_TRUE(contains_all(message, {"rank 1 was given world size 3 (WORLD_SIZE=3), but a rank that came to the "
+                                     "rendezvous at 127.0.0.1:",
+                                     "before it was given 2: every rank of a job needs the same"}))
+      << message;
+}
+
 TEST(ProcessGroupTest, SpawnPassesItsTimeoutsToTheWorkers) {
   LTA_REQUIRE_GLOO();
   // Rank 1 never calls init_process_group: rank 0 gives up after spawn's rendezvous timeout, naming it.
