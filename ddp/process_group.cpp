@@ -268,7 +268,9 @@ std::string store_prefix() {
 
 /// Where this process's world size came from, for an error: the variable that set it, or the program's option.
 std::string world_size_source() {
-  for (const char* variable : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+  // launch_env_from_environment's order: torchrun's, Open MPI's, a Slurm step's, PMI's.
+  for (const char* variable :
+       {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "PMI_SIZE"}) {
     if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
       return std::string(variable) + "=" + value;
     }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <condition_variable>
@@ -35,29 +36,32 @@ constexpr NamedSignal kStopSignals[] = {{"TERM", SIGTERM}, {"INT", SIGINT},   {"
 /// The key a signalled rank writes "<w> <rank>" into (under the process group's own prefix).
 constexpr const char* kStopKey = "run/stop_signal";
 
-// The handler's state: plain flags and a line prepared beforehand (write(2) is all a handler may call).
-std::atomic<int> g_received{0};  // set by the handler, read by the training thread
+// The handler's state: a lock-free atomic and lines prepared beforehand (write(2) is all a handler may call), per
+// signal number.
+constexpr int kSignals = 65;     // signal numbers are below this (NSIG on Linux)
+std::atomic<int> g_received{0};  // the first stop signal that came (0: none), set by the handler
 static_assert(std::atomic<int>::is_always_lock_free, "the handler may only touch a lock-free atomic");
 std::atomic<bool> g_installed{false};
-char g_first_line[160];
-size_t g_first_line_size = 0;
-char g_again_line[160];
-size_t g_again_line_size = 0;
-struct sigaction g_previous {};
+struct HandlerLine {
+  char text[160];
+  size_t size = 0;
+};
+HandlerLine g_first_line[kSignals];
+HandlerLine g_again_line[kSignals];
+struct sigaction g_previous[kSignals] {};
 
-extern "C" void on_stop_signal(int /*signal*/) {
+extern "C" void on_stop_signal(int signal) {
   const int saved_errno = errno;
-  if (g_received.exchange(1) == 0) {
-    (void)!::write(STDERR_FILENO, g_first_line, g_first_line_size);
-  } else {
-    (void)!::write(STDERR_FILENO, g_again_line, g_again_line_size);
-  }
+  int none = 0;
+  const HandlerLine& line =
+      g_received.compare_exchange_strong(none, signal) ? g_first_line[signal] : g_again_line[signal];
+  (void)!::write(STDERR_FILENO, line.text, line.size);
   errno = saved_errno;
 }
 
-void prepare_line(char* buffer, size_t& size, const std::string& text) {
-  size = std::min(text.size(), sizeof g_first_line);
-  std::memcpy(buffer, text.data(), size);
+void prepare_line(HandlerLine& line, const std::string& text) {
+  line.size = std::min(text.size(), sizeof line.text);
+  std::memcpy(line.text, text.data(), line.size);
 }
 
 std::string upper(std::string text) {
@@ -75,6 +79,17 @@ int parse_stop_signal(const std::string& name, const std::string& flag) {
   }
   throw std::invalid_argument(
       fmt::format("{} '{}' is not a stop signal: use TERM, INT, HUP, QUIT, USR1 or USR2", flag, name));
+}
+
+std::vector<int> parse_stop_signals(const std::string& names, const std::string& flag) {
+  std::vector<int> signals;
+  for (size_t from = 0;;) {
+    const size_t comma = names.find(',', from);
+    const int signal = parse_stop_signal(names.substr(from, comma == std::string::npos ? comma : comma - from), flag);
+    if (std::find(signals.begin(), signals.end(), signal) == signals.end()) signals.push_back(signal);
+    if (comma == std::string::npos) return signals;
+    from = comma + 1;
+  }
 }
 
 std::string stop_signal_name(int signal) {
@@ -170,10 +185,15 @@ class StopSignal::StoreReader {
   std::thread thread_;  // last: it starts once the members above exist
 };
 
-StopSignal::StopSignal(int signal) : signal_(signal) {
+StopSignal::StopSignal(int signal) : StopSignal(std::vector<int>{signal}) {}
+
+StopSignal::StopSignal(std::vector<int> signals) : signals_(std::move(signals)) {
+  for (const int signal : signals_) {
+    if (signal <= 0 || signal >= kSignals) throw std::invalid_argument("run::StopSignal: no such signal");
+  }
+  if (signals_.empty()) throw std::invalid_argument("run::StopSignal: no signal to watch");
   if (g_installed.exchange(true)) throw std::logic_error("run::StopSignal: another one is watching already");
   g_received = 0;
-  const std::string name = stop_signal_name(signal);
   // The rank as the launcher set it (the handler cannot ask the process group, which may not exist yet).
   std::string who = fmt::format("pid {}", ::getpid());
   for (const char* variable : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
@@ -183,30 +203,37 @@ StopSignal::StopSignal(int signal) : signal_(signal) {
       break;
     }
   }
-  prepare_line(
-      g_first_line, g_first_line_size,
-      fmt::format("{}: got {}: stopping at the next step boundary the ranks agree on, to save it\n", who, name));
-  prepare_line(g_again_line, g_again_line_size,
-               fmt::format("{}: got {} again: already stopping (a save under way is not interrupted)\n", who, name));
+  for (const int signal : signals_) {
+    const std::string name = stop_signal_name(signal);
+    prepare_line(
+        g_first_line[signal],
+        fmt::format("{}: got {}: stopping at the next step boundary the ranks agree on, to save it\n", who, name));
+    prepare_line(g_again_line[signal],
+                 fmt::format("{}: got {}: already stopping (a save under way is not interrupted)\n", who, name));
+  }
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   action.sa_flags = SA_RESTART;  // a read or write in progress goes on
   sigemptyset(&action.sa_mask);
-  ::sigaction(signal, &action, &g_previous);
+  for (const int signal : signals_) sigaddset(&action.sa_mask, signal);  // one handler at a time
+  for (const int signal : signals_) ::sigaction(signal, &action, &g_previous[signal]);
 }
 
 StopSignal::~StopSignal() {
   reader_.reset();
-  if (g_received != 0) {
-    // The process is on its way out after its stop: one more signal must not kill it in its teardown.
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    sigemptyset(&ignore.sa_mask);
-    ::sigaction(signal_, &ignore, nullptr);
-  } else {
-    ::sigaction(signal_, &g_previous, nullptr);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  for (const int signal : signals_) {
+    // After a stop the process is on its way out: one more signal must not kill it in its teardown.
+    ::sigaction(signal, g_received != 0 ? &ignore : &g_previous[signal], nullptr);
   }
   g_installed = false;
+}
+
+int StopSignal::signal() const {
+  const int received = g_received;
+  return received != 0 ? received : signals_.front();
 }
 
 bool StopSignal::received() const { return g_received != 0; }
@@ -247,7 +274,7 @@ bool StopSignal::stop_after(int64_t steps) {
 
 std::string StopSignal::describe() const {
   if (!decision_) return "";
-  return fmt::format("{} (rank {} got it in step {}): every rank stopped after step {}", stop_signal_name(signal_),
+  return fmt::format("{} (rank {} got it in step {}): every rank stopped after step {}", stop_signal_name(signal()),
                      decision_->rank, decision_->signalled_at, decision_->step);
 }
 

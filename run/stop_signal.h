@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <ddp/launch/exit_codes.h>
 #include <ddp/process_group.h>
@@ -20,6 +21,9 @@ constexpr int kExitResumable = ddp::kExitResumable;
 /// The signal `name` names: TERM, INT, HUP, QUIT, USR1 or USR2, with or without "SIG", in any case, or its number.
 /// Throws std::invalid_argument "<flag> '<name>' is not a stop signal: use TERM, INT, HUP, QUIT, USR1 or USR2".
 int parse_stop_signal(const std::string& name, const std::string& flag = "--stop-signal");
+
+/// A comma-separated list of parse_stop_signal's names ("USR1,TERM"), each once. Throws as parse_stop_signal does.
+std::vector<int> parse_stop_signals(const std::string& names, const std::string& flag = "--stop-signal");
 
 /// "SIGUSR1" for SIGUSR1: the name parse_stop_signal takes.
 std::string stop_signal_name(int signal);
@@ -54,14 +58,17 @@ struct StopDecision {
 /// read of the last boundary has not come back by the next (it only takes the answer).
 ///
 /// One process (no join()): stop_after() says yes at the first boundary after the signal. The handler only records
-/// the signal (and writes one line to stderr); a second signal while the run stops and saves is noted and ignored.
+/// the first signal (and writes one line to stderr); another while the run stops and saves is noted and ignored.
 /// It is installed with SA_RESTART, so reads and writes in progress are not interrupted. One StopSignal at a time per
-/// process; its end restores the signal's previous handler, or, after the signal came, leaves it ignored (the process
+/// process; its end restores the signals' previous handlers, or, after one came, leaves them ignored (the process
 /// is on its way out: a repeated signal must not kill it in its teardown).
 class StopSignal {
  public:
   /// Installs the handler for `signal` (parse_stop_signal's). Throws std::logic_error when another StopSignal lives.
   explicit StopSignal(int signal);
+  /// Watches each of `signals` (parse_stop_signals'): the first that comes stops the run. A Slurm job watches SIGUSR1
+  /// (its `--signal` notice before the time limit) and SIGTERM (what it sends at the limit and on preemption).
+  explicit StopSignal(std::vector<int> signals);
   /// Stops the store reader and puts the previous handler back (see the class comment).
   ~StopSignal();
   StopSignal(const StopSignal&) = delete;
@@ -79,8 +86,8 @@ class StopSignal {
   /// (one line) when the job's store cannot be reached.
   bool stop_after(int64_t steps);
 
-  /// The signal it watches.
-  int signal() const { return signal_; }
+  /// The signal that came (after received()), else the first it watches.
+  int signal() const;
   /// Whether this process got the signal.
   bool received() const;
   /// After stop_after() said yes: where and why.
@@ -90,7 +97,7 @@ class StopSignal {
 
  private:
   class StoreReader;
-  int signal_;
+  std::vector<int> signals_;
   int rank_ = 0;
   bool published_ = false;
   std::unique_ptr<StoreReader> reader_;  // after join()

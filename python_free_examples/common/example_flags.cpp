@@ -80,9 +80,10 @@ void add_common_flags(CLI::App& app, CommonFlags& flags) {
                  "For testing resumption: stop after S optimizer steps of this process, mid-epoch if it falls there, "
                  "and write --save");
   app.add_option("--stop-signal", flags.stop_signal,
-                 "With --save or --checkpoint-dir: on this signal (TERM, INT, HUP, QUIT, USR1, USR2) every rank stops "
-                 "after the same step, saves it, and the run exits 75 (resumable); the same command then continues "
-                 "(docs/clusters.md, \"Preemption\")")
+                 "With --save or --checkpoint-dir: on this signal (TERM, INT, HUP, QUIT, USR1, USR2, or a list: "
+                 "USR1,TERM) every rank stops after the same step, saves it, and the run exits 75 (resumable); with "
+                 "--checkpoint-dir the same command then continues, with --save add --resume (docs/clusters.md, "
+                 "\"Preemption\")")
       ->default_str("TERM");
   app.add_flag("--requeue", flags.requeue,
                "In a Slurm batch job, with --checkpoint-dir: after a stop on --stop-signal, rank 0 runs `scontrol "
@@ -174,7 +175,7 @@ void check_common_flags(const CommonFlags& flags) {
   }
   if (flags.stop_after_steps) require_positive("--stop-after-steps", *flags.stop_after_steps);
   if (flags.stop_signal) {
-    run::parse_stop_signal(*flags.stop_signal);  // throws naming --stop-signal
+    run::parse_stop_signals(*flags.stop_signal);  // throws naming --stop-signal
     if (flags.save.empty() && flags.checkpoint_dir.empty()) {
       throw std::invalid_argument(fmt::format(
           "--stop-signal {} needs --save or --checkpoint-dir: where the stopped run saves", *flags.stop_signal));

@@ -8,7 +8,7 @@ namespace examples {
 
 std::unique_ptr<run::StopSignal> watch_stop_signal(const CommonFlags& flags) {
   if (flags.save.empty() && flags.checkpoint_dir.empty()) return nullptr;
-  return std::make_unique<run::StopSignal>(run::parse_stop_signal(flags.stop_signal.value_or("TERM")));
+  return std::make_unique<run::StopSignal>(run::parse_stop_signals(flags.stop_signal.value_or("TERM")));
 }
 
 bool stop_signalled(run::StopSignal* stop, const run::TrainingPosition& position) {
@@ -22,8 +22,12 @@ int stopped_resumable(const CommonFlags& flags, const run::StopSignal& stop, con
     return 0;
   }
   if (rank.rank != 0) return run::kExitResumable;
-  fmt::print("stopped by {} and saved it; exit code {} (resumable): the same command continues the run\n",
-             stop.describe(), run::kExitResumable);
+  // Only --checkpoint-dir finds the checkpoint by itself; a --save file is given back with --resume.
+  const std::string how =
+      flags.checkpoint_dir.empty()
+          ? fmt::format("continue it with --resume {} (the same command would start over)", flags.save)
+          : std::string("the same command continues the run");
+  fmt::print("stopped by {} and saved it; exit code {} (resumable): {}\n", stop.describe(), run::kExitResumable, how);
   if (flags.requeue) {
     try {
       run::requeue_slurm_job();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A preempted Slurm job loses no work (issue 41), on a one-node Slurm the test starts (slurm_cluster.sh) and stops:
 # docs/clusters/amp_ddp_preemptible.sbatch itself is submitted; once a few steps ran, `scancel --signal=USR1` (what
-# `#SBATCH --signal=USR1@90` sends before the time limit) reaches both ranks; they stop after one step, save it, rank 0
+# `#SBATCH --signal=USR1@90` sends before the time limit) reaches both ranks; they stop after the same step, save it, rank 0
 # requeues the job (scontrol requeue), and the requeued job continues from that checkpoint and ends with the final
 # checkpoint an unbroken ddp-launch run writes, byte for byte. Slurm holds a requeued job for a while (Reason=
 # BeginTime); the test releases it at once with `scontrol update StartTime=now`, as an operator may.

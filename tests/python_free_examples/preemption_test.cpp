@@ -101,7 +101,7 @@ class PreemptionTest : public ::testing::TestWithParam<PreemptionCase> {
   example_test::Scratch scratch_;
 };
 
-TEST_P(PreemptionTest, StopsEveryRankAfterOneStepSavesItAndTheSameCommandEndsAsTheUnbrokenRun) {
+TEST_P(PreemptionTest, StopsEveryRankAfterTheSameStepSavesItAndTheSameCommandEndsAsTheUnbrokenRun) {
   const PreemptionCase& c = GetParam();
   const amp::CheckpointDir unbroken_dir(scratch_.file("unbroken"));
   const ProcessResult unbroken =

@@ -84,8 +84,9 @@ TEST(StopSignalTest, RequeueOutsideSlurmIsOneLine) {
 }
 
 /// Each rank of a spawned job trains `steps` steps, each with an allreduce; rank r raises the signal in step
-/// signal_steps[r] (0: never), in the middle of the step (before its collective), after a random pause so that the
-/// ranks reach their boundaries in varied order. Returns the step each rank stopped after (0: ran to the end).
+/// signal_steps[r] (0: never; -1: before the first boundary, as during the start), in the middle of the step (before
+/// its collective), after a random pause so that the ranks reach their boundaries in varied order. Returns the step
+/// each rank stopped after (0: ran to the end).
 std::vector<int64_t> stop_steps(int world, const std::vector<int64_t>& signal_steps, int64_t steps, uint64_t seed) {
   ddp_test::ScratchDir dir;
   const std::string folder = dir.path();
@@ -94,6 +95,7 @@ std::vector<int64_t> stop_steps(int world, const std::vector<int64_t>& signal_st
     ddp::ProcessGroup group = ddp::init_process_group(ddp::InitOptions().backend("gloo"));
     stop.join(group);
     std::mt19937_64 random(seed + static_cast<uint64_t>(rank));
+    if (signal_steps[static_cast<size_t>(rank)] == -1) ::raise(SIGUSR1);
     int64_t stopped = 0;
     if (!stop.stop_after(0)) {
       for (int64_t step = 1; step <= steps; ++step) {
@@ -143,6 +145,29 @@ TEST(StopSignalTest, TheRanksStopAfterTheSameStepTwoStepsAfterTheSignal) {
     // compareSet); every rank reads it after step s + 1 and stops at the next boundary.
     EXPECT_EQ(stopped[0], first + 2) << what;
   }
+}
+
+TEST(StopSignalTest, ASignalBeforeTheFirstStepStopsEveryRankAfterTheSecond) {
+  LTA_REQUIRE_GLOO();
+  EXPECT_EQ(stop_steps(2, {0, -1}, 20, 3), (std::vector<int64_t>{2, 2}));
+}
+
+TEST(StopSignalTest, WatchesEachOfSeveralSignalsAndNamesTheOneThatCame) {
+  EXPECT_EQ(run::parse_stop_signals("USR1,term,USR1"), (std::vector<int>{SIGUSR1, SIGTERM}));
+  struct sigaction before_usr1 {
+  }, before_term{};
+  ::sigaction(SIGUSR1, nullptr, &before_usr1);
+  ::sigaction(SIGTERM, nullptr, &before_term);
+  {
+    run::StopSignal stop({SIGUSR1, SIGTERM});
+    EXPECT_FALSE(stop.stop_after(0));
+    ::raise(SIGTERM);  // Slurm's at the time limit: the process lives on
+    EXPECT_TRUE(stop.stop_after(1));
+    EXPECT_EQ(stop.signal(), SIGTERM);
+    EXPECT_EQ(stop.describe(), "SIGTERM (rank 0 got it in step 1): every rank stopped after step 1");
+  }
+  ::sigaction(SIGUSR1, &before_usr1, nullptr);
+  ::sigaction(SIGTERM, &before_term, nullptr);
 }
 
 TEST(StopSignalTest, WithoutASignalTheRanksRunToTheEnd) {
