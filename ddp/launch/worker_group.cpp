@@ -477,11 +477,30 @@ std::vector<WorkerExit> WorkerGroup::wait(std::chrono::milliseconds kill_grace,
     pump_output(kPollInterval, forward_fd);
   }
   for (Worker& w : workers_) drain_output(w, forward_fd, /*final=*/true);
+  order_failures(failures);
+  return failures;
+}
+
+void order_failures(std::vector<WorkerExit>& failures) {
   std::stable_sort(failures.begin(), failures.end(), [](const WorkerExit& a, const WorkerExit& b) {
     if (a.stopped_by_group != b.stopped_by_group) return b.stopped_by_group;
     return a.observed < b.observed;
   });
-  return failures;
+  if (failures.size() < 2) return;
+  const WorkerExit& first = failures.front();
+  const bool lost_its_peer = first.message.find("a peer process probably exited") != std::string::npos ||
+                             first.last_line.find("a peer process probably exited") != std::string::npos;
+  if (!lost_its_peer || first.stopped_by_group) return;
+  constexpr std::chrono::seconds kPeerLossWindow{2};
+  for (size_t i = 1; i < failures.size(); ++i) {
+    const WorkerExit& other = failures[i];
+    if (!other.stopped_by_group && WIFSIGNALED(other.wait_status) &&
+        other.observed - first.observed < kPeerLossWindow) {
+      std::rotate(failures.begin(), failures.begin() + static_cast<std::ptrdiff_t>(i),
+                  failures.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      return;
+    }
+  }
 }
 
 int find_free_port(const std::string& host) {

@@ -38,6 +38,13 @@ struct WorkerExit {
   std::chrono::steady_clock::time_point observed;
 };
 
+/// Orders `failures` as WorkerGroup::wait returns them: those the group stopped last, the others by when they failed;
+/// then, when the first is a collective that lost its peer ("a peer process probably exited", ddp::ProcessGroup's
+/// error) and a worker killed by a signal (not the group's) ended within 2 s of it, that worker comes first: the peer
+/// it lost. (Under CPU load the launcher sees a killed worker's end later than the survivor's error file says the
+/// survivor failed; the survivor's message itself says it is the consequence.)
+void order_failures(std::vector<WorkerExit>& failures);
+
 /// "exited with code 3" / "was killed by signal 9 (Killed)".
 std::string describe_status(int wait_status);
 

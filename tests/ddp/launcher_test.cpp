@@ -528,6 +528,31 @@ ddp::detail::WorkerExit failure(int rank, int code, const std::string& line, boo
   return f;
 }
 
+TEST(OrderFailuresTest, ARankKilledBeforeItsPeerSawItIsTheRootCauseEvenWhenSeenLater) {
+  // Rank 0's collective lost its peer; the launcher saw rank 1's SIGKILL 0.3 s after rank 0's error (a loaded
+  // machine): rank 1 is the root cause. Before: rank 0 (the first seen), as a CI run on a loaded machine showed.
+  const auto now = std::chrono::steady_clock::now();
+  ddp::detail::WorkerExit survivor = failure(0, 1,
+                                             "amp_ddp: broadcast failed on rank 0 of 2 (backend gloo): a peer "
+                                             "process probably exited, or the timeout of 1800000 ms expired.");
+  survivor.observed = now;
+  ddp::detail::WorkerExit killed = failure(1, 0, "");
+  killed.wait_status = SIGKILL;
+  killed.observed = now + std::chrono::milliseconds(300);
+  std::vector<ddp::detail::WorkerExit> failures = {survivor, killed};
+  ddp::detail::order_failures(failures);
+  EXPECT_EQ(failures.front().rank, 1);
+  // Another failure than a lost peer keeps its place, as does a kill long after.
+  failures = {failure(0, 3, "amp_ddp: --resume 'x.pt': damaged"), killed};
+  failures[0].observed = now;
+  ddp::detail::order_failures(failures);
+  EXPECT_EQ(failures.front().rank, 0);
+  killed.observed = now + std::chrono::seconds(5);
+  failures = {survivor, killed};
+  ddp::detail::order_failures(failures);
+  EXPECT_EQ(failures.front().rank, 0);
+}
+
 TEST(DescribeFailuresTest, RanksThatFailedAlikeAreOneLineWithoutARootCause) {
   const std::string error = "amp_ddp: --resume 'x.pt': the checkpoint was made by 1 process(es), this run has 2";
   EXPECT_EQ(ddp::detail::describe_failures({failure(0, 1, error), failure(1, 1, error)}, "ddp-launch: "),
