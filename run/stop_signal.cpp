@@ -296,10 +296,22 @@ void requeue_slurm_job() {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
   posix_spawn_file_actions_addclose(&actions, err_pipe[0]);
+  // Note [scontrol outlives the requeue it asks for]: slurmctld requeues the job by cancelling it, and slurmstepd
+  // sends SIGCONT and SIGTERM to every process of the step, scontrol included, maybe before scontrol has read the
+  // answer (a loaded CI machine saw scontrol killed by SIGTERM after the job was requeued). scontrol runs with the
+  // signals a job gets blocked: they stay pending and vanish when it exits; SIGKILL after KillWait still ends it.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  for (const NamedSignal& s : kStopSignals) sigaddset(&blocked, s.number);
+  posix_spawnattr_setsigmask(&attributes, &blocked);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
   std::string program = "scontrol", verb = "requeue";
   char* argv[] = {program.data(), verb.data(), id.data(), nullptr};
   pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, "scontrol", &actions, nullptr, argv, environ);
+  const int spawned = ::posix_spawnp(&pid, "scontrol", &actions, &attributes, argv, environ);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   ::close(err_pipe[1]);
   std::string err;
@@ -319,7 +331,8 @@ void requeue_slurm_job() {
     const size_t last = err.rfind('\n');
     throw std::runtime_error(
         fmt::format("--requeue: scontrol requeue {} failed ({}){}", id,
-                    WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status)) : "killed by a signal",
+                    WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                      : "killed by " + stop_signal_name(WTERMSIG(status)),
                     err.empty() ? "" : ": " + err.substr(last == std::string::npos ? 0 : last + 1)));
   }
 }

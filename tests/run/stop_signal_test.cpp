@@ -1,12 +1,15 @@
 // run::StopSignal (Note [agreeing on the stop step]): the ranks of a job stop after the same step, at most two
 // steps after the one in which any rank got the signal, with no collective of their own; one process stops at the
-// next boundary; the signal's names; --requeue outside Slurm.
+// next boundary; the signal's names; --requeue outside Slurm, with scontrol failing, and scontrol signalled by the
+// cancellation its requeue causes.
 #include <run/stop_signal.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -80,6 +83,69 @@ TEST(StopSignalTest, RequeueOutsideSlurmIsOneLine) {
     ADD_FAILURE() << "requeued outside Slurm";
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "--requeue: SLURM_JOB_ID is not set: this is not a Slurm job");
+  }
+}
+
+/// Puts an executable `scontrol` (a shell script with `body`) first on PATH for one scope, with SLURM_JOB_ID set.
+class ScontrolOnPath {
+ public:
+  explicit ScontrolOnPath(const std::string& body)
+      : env_({"PATH", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"}) {
+    {
+      std::ofstream script(dir_.file("scontrol"));
+      script << "#!/bin/sh\n" << body << "\n";
+    }
+    EXPECT_EQ(::chmod(dir_.file("scontrol").c_str(), 0755), 0);
+    const char* path = std::getenv("PATH");
+    ::setenv("PATH", (dir_.path() + ":" + (path != nullptr ? path : "/usr/bin:/bin")).c_str(), 1);
+    ::setenv("SLURM_JOB_ID", "42", 1);
+    ::unsetenv("SLURM_ARRAY_JOB_ID");
+    ::unsetenv("SLURM_ARRAY_TASK_ID");
+  }
+  std::string file(const std::string& name) const { return dir_.file(name); }
+
+ private:
+  ddp_test::ScratchDir dir_;
+  ddp_test::EnvGuard env_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Note [scontrol outlives the requeue it asks for]: Slurm cancels the job it requeues and signals every process of
+// the step, scontrol included, maybe before scontrol is done. The stand-in signals itself the way slurmstepd does;
+// the real one is in tests/cluster/slurm_two_hosts_test.sh, where a loaded CI machine lost this race.
+TEST(StopSignalTest, RequeueSurvivesTheSignalsOfTheCancellationItCauses) {
+  ScontrolOnPath scontrol(
+      "echo \"$@\" > \"$(dirname \"$0\")/args\"; kill -CONT $$; kill -TERM $$; kill -USR1 $$; exit 0");
+  EXPECT_NO_THROW(run::requeue_slurm_job());
+  EXPECT_EQ(read_file(scontrol.file("args")), "requeue 42\n");
+  ::setenv("SLURM_ARRAY_JOB_ID", "7", 1);
+  ::setenv("SLURM_ARRAY_TASK_ID", "3", 1);
+  EXPECT_NO_THROW(run::requeue_slurm_job());
+  EXPECT_EQ(read_file(scontrol.file("args")), "requeue 7_3\n") << "an array job's task is <job>_<task>";
+}
+
+TEST(StopSignalTest, AFailedRequeueIsOneLineWithScontrolsLastLine) {
+  ScontrolOnPath scontrol(
+      "echo 'scontrol: debug line' >&2; echo 'slurm_requeue error: Invalid job id specified' >&2; "
+      "exit 1");
+  try {
+    run::requeue_slurm_job();
+    ADD_FAILURE() << "a failing scontrol requeued";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(),
+                 "--requeue: scontrol requeue 42 failed (exit code 1): slurm_requeue error: Invalid job id "
+                 "specified");
+  }
+  ScontrolOnPath killed("kill -KILL $$");
+  try {
+    run::requeue_slurm_job();
+    ADD_FAILURE() << "a killed scontrol requeued";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "--requeue: scontrol requeue 42 failed (killed by signal 9)");
   }
 }
 
