@@ -74,9 +74,9 @@ class DistributedDataParallel::Impl {
 };
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 torch::nn::AnyModule any_module, ProcessGroup process_group,
+                                                 detail::ModuleForward forward, ProcessGroup process_group,
                                                  Options options)
-    : any_module_(std::move(any_module)),
+    : forward_(std::move(forward)),
       impl_(std::make_unique<Impl>(std::move(module), std::move(process_group), std::move(options))) {}
 
 DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;

@@ -19,6 +19,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
+#include <ddp/module_forward.h>
 #include <ddp/process_group.h>
 #include <ddp/timeline.h>
 
@@ -126,10 +127,8 @@ class DistributedDataParallel {
   /// DistributedDataParallel::forward() calls it.
   template <typename ModuleType>
   DistributedDataParallel(std::shared_ptr<ModuleType> module, ProcessGroup process_group, Options options = {})
-      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module), any_module_of(module),
-                                std::move(process_group), std::move(options)) {
-    if constexpr (std::is_base_of_v<torch::nn::SequentialImpl, ModuleType>) sequential_ = module;
-  }
+      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module), detail::ModuleForward::of(module),
+                                std::move(process_group), std::move(options)) {}
 
   /// Wraps the module held by a ModuleHolder (torch::nn::Linear, TORCH_MODULE(Net), ...).
   template <typename ModuleType>
@@ -147,12 +146,11 @@ class DistributedDataParallel {
   /// torch::nn::Sequential.
   template <typename ReturnType = at::Tensor, typename... Args>
   ReturnType forward(Args&&... args) {
-    TORCH_CHECK(sequential_ || !any_module_.is_empty(),
+    TORCH_CHECK(forward_.callable(),
                 "DistributedDataParallel::forward: the module has no single forward(); call before_forward() and "
                 "then the module's own forward");
     before_forward();
-    if (sequential_) return sequential_->forward<ReturnType>(std::forward<Args>(args)...);
-    return any_module_.forward<ReturnType>(std::forward<Args>(args)...);
+    return forward_.call<ReturnType>(std::forward<Args>(args)...);
   }
 
   /// What forward() does before calling the module: once, in the first training forward after a synchronized
@@ -245,20 +243,10 @@ class DistributedDataParallel {
  private:
   class Impl;
 
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, torch::nn::AnyModule any_module,
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, detail::ModuleForward forward,
                           ProcessGroup process_group, Options options);
 
-  template <typename ModuleType>
-  static torch::nn::AnyModule any_module_of(const std::shared_ptr<ModuleType>& module) {
-    if constexpr (torch::detail::has_forward<ModuleType>::value) {
-      return torch::nn::AnyModule(module);
-    } else {
-      return torch::nn::AnyModule();
-    }
-  }
-
-  torch::nn::AnyModule any_module_;                        ///< a module with a single forward()
-  std::shared_ptr<torch::nn::SequentialImpl> sequential_;  ///< Sequential's forward is a template
+  detail::ModuleForward forward_;
   std::unique_ptr<Impl> impl_;
 };
 

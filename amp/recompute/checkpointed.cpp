@@ -6,6 +6,7 @@
 
 #include <amp/nn/float8_linear.h>
 #include <amp/state/model_cast.h>
+#include <ddp/wrapped_module.h>
 
 namespace amp {
 
@@ -23,13 +24,7 @@ CheckpointedImpl::CheckpointedImpl(std::shared_ptr<torch::nn::Module> module,
                        dynamic_cast<const Float8LinearImpl*>(module_.get()) != nullptr;
   TORCH_CHECK(!special, "amp::Checkpointed: wrap a block, not a single ", module_->name(),
               ": amp::initialize and convert_sync_batch_norm find such a layer by its type, which the wrapper hides");
-  // The wrapped module's own members, registered here under their names: the wrapper adds no level to the names.
-  for (const auto& p : module_->named_parameters(/*recurse=*/false)) {
-    register_parameter(p.key(), p.value(), p.value().requires_grad());
-  }
-  for (const auto& b : module_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
-  for (const auto& child : module_->named_children()) register_module(child.key(), child.value());
-  train(module_->is_training());
+  ddp::register_members_of(*this, *module_);  // the wrapper adds no level to the names
 }
 
 torch::Tensor CheckpointedImpl::forward(const torch::Tensor& input) {

@@ -1,0 +1,187 @@
+#include <ddp/fsdp/flat_unit.h>
+
+#include <utility>
+
+#include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+
+#include <ddp/shard_layout.h>
+
+namespace ddp::detail {
+namespace {
+
+/// Frees `t`'s storage in place: the StorageImpl stays (every view of it, autograd's saved ones included, keeps
+/// pointing at it) and holds no memory until refilled.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+
+/// Gives `t`'s storage `nbytes` of fresh memory from its own allocator (the caching allocator on CUDA).
+void allocate_storage(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+}  // namespace
+
+FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup pg,
+                   std::optional<c10::ScalarType> reduce_dtype)
+    : name_(std::move(name)), pg_(std::move(pg)) {
+  at::NoGradGuard no_grad;
+  for (auto& [param_name, tensor] : params) {
+    UnitParameter p;
+    p.name = param_name;
+    p.param = tensor;
+    p.offset = numel_;
+    numel_ += tensor.numel();
+    params_.push_back(std::move(p));
+  }
+  const at::TensorOptions options =
+      params_.empty() ? at::TensorOptions(at::kFloat) : params_.front().param.options().requires_grad(false);
+  requires_grad_ = !params_.empty() && params_.front().param.requires_grad();
+  reduce_dtype_ = reduce_dtype.value_or(c10::typeMetaToScalarType(options.dtype()));
+  const int world = pg_.size();
+  chunk_ = numel_ == 0 ? 0 : (numel_ + world - 1) / world;
+  chunk_ = (chunk_ + kShardAlignment - 1) / kShardAlignment * kShardAlignment;
+  full_ = at::zeros({chunk_ * world}, options);
+  for (UnitParameter& p : params_) {
+    const at::Tensor values = p.param.detach();
+    p.full_view = at::empty({0}, options).set_(full_.storage(), p.offset, values.sizes(), {});
+    p.full_view.copy_(values);
+    p.empty = at::empty({0}, options);
+  }
+  shard_ = full_.narrow(0, pg_.rank() * chunk_, chunk_).clone().set_requires_grad(requires_grad_);
+  point_params_at(/*full=*/true);  // the old storages go: the flat buffer holds the values now
+  state_ = State::kGathered;
+  reshard();
+}
+
+FlatUnit::~FlatUnit() { reset_pass(); }
+
+std::string FlatUnit::label() const { return name_.empty() ? "the root" : "unit '" + name_ + "'"; }
+
+int64_t FlatUnit::gathered_bytes() const {
+  return state_ == State::kSharded ? 0 : static_cast<int64_t>(full_.storage().nbytes());
+}
+
+void FlatUnit::point_params_at(bool full) {
+  for (UnitParameter& p : params_) p.param.set_data(full ? p.full_view : p.empty);
+}
+
+void FlatUnit::start_gather() {
+  if (state_ != State::kSharded) return;
+  allocate_storage(full_, static_cast<size_t>(full_.numel()) * full_.element_size());
+  state_ = State::kGathering;
+  if (chunk_ == 0) return;
+  at::Tensor input = shard_.detach();
+  gather_ = pg_.allgather_into_async(full_, input);
+}
+
+void FlatUnit::wait_gathered() {
+  if (state_ == State::kGathered) return;
+  start_gather();
+  if (gather_) {
+    auto work = std::move(gather_);
+    pg_.wait(work, "all-gather of " + label() + "'s parameters");
+  }
+  point_params_at(/*full=*/true);
+  state_ = State::kGathered;
+}
+
+void FlatUnit::reshard() {
+  if (state_ == State::kSharded) return;
+  if (gather_) {  // the collective writes into the buffer: it must end first
+    auto work = std::move(gather_);
+    pg_.wait(work, "all-gather of " + label() + "'s parameters");
+  }
+  point_params_at(/*full=*/false);
+  free_storage(full_);
+  state_ = State::kSharded;
+}
+
+bool FlatUnit::note_grad_ready(size_t i) {
+  UnitParameter& p = params_[i];
+  if (!p.grad_ready) {
+    p.grad_ready = true;
+    ++ready_;
+  }
+  return all_grads_ready();
+}
+
+void FlatUnit::launch_reduction() {
+  TORCH_CHECK(!reduction_launched(), "FullyShardedDataParallel: ", label(), " reduced twice in one backward pass");
+  at::NoGradGuard no_grad;
+  const int world = pg_.size();
+  reduction_ = at::zeros({chunk_ * world}, full_.options().dtype(reduce_dtype_));
+  for (UnitParameter& p : params_) {
+    at::Tensor& grad = p.param.mutable_grad();
+    if (grad.defined()) {
+      reduction_.narrow(0, p.offset, grad.numel()).copy_(grad.reshape({-1}));
+      grad.reset();  // the full gradient goes as soon as it is in the buffer
+    }
+  }
+  if (chunk_ == 0) return;
+  if (pg_.backend_name() == "gloo") {
+    // Gloo's reduce-scatter is an allreduce of the whole input and a slice of it (PyTorch #118911): the same bytes
+    // on the wire, without the extra output buffer (ddp/reducer/gradient_sharding.h does the same).
+    reduce_ = pg_.allreduce_sum_async(reduction_);
+  } else {
+    received_ = at::empty({chunk_}, reduction_.options());
+    reduce_ = pg_.reduce_scatter_sum_async(received_, reduction_);
+  }
+}
+
+void FlatUnit::finish_reduction() {
+  if (!reduction_launched()) return;
+  at::NoGradGuard no_grad;
+  if (reduce_) {
+    auto work = std::move(reduce_);
+    pg_.wait(work, "reduce-scatter of " + label() + "'s gradients");
+  }
+  const at::Tensor sum = received_.defined() ? received_ : reduction_.narrow(0, pg_.rank() * chunk_, chunk_);
+  at::Tensor average = sum.mul(1.0 / static_cast<double>(pg_.size())).to(shard_.scalar_type());
+  at::Tensor& grad = shard_.mutable_grad();
+  if (grad.defined()) {
+    grad.add_(average);
+  } else {
+    grad = average;
+  }
+  reduction_.reset();
+  received_.reset();
+}
+
+void FlatUnit::reset_pass() noexcept {
+  for (UnitParameter& p : params_) p.grad_ready = false;
+  ready_ = 0;
+  if (reduce_) {
+    try {
+      reduce_->wait();
+    } catch (...) {  // the pass failed already; its error is the one reported
+    }
+    reduce_.reset();
+  }
+  reduction_.reset();
+  received_.reset();
+}
+
+at::Tensor FlatUnit::gather_flat() {
+  const bool was_sharded = state_ == State::kSharded;
+  wait_gathered();
+  at::Tensor flat = full_.clone();
+  if (was_sharded) reshard();
+  return flat;
+}
+
+void FlatUnit::load_flat(const at::Tensor& flat) {
+  at::NoGradGuard no_grad;
+  at::Tensor padded = at::zeros({chunk_ * pg_.size()}, shard_.options());
+  padded.narrow(0, 0, numel_).copy_(flat.narrow(0, 0, numel_));
+  shard_.copy_(padded.narrow(0, pg_.rank() * chunk_, chunk_));
+}
+
+}  // namespace ddp::detail

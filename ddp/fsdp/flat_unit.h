@@ -1,0 +1,105 @@
+#pragma once
+
+// One unit of full sharding: its parameters laid back to back in a flat buffer of world * chunk elements, of which
+// this rank keeps [rank * chunk, (rank + 1) * chunk) (the shard, the optimizer's parameter); the gather that fills
+// the buffer and points the parameters at it, the free that empties it, and the reduction of the unit's gradients
+// into the shard's .grad. Internal to ddp/fsdp (ddp::detail); ShardedRun decides when each happens.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <ddp/process_group.h>
+
+namespace ddp::detail {
+
+/// A parameter of a unit: the model's tensor (it keeps its identity: set_data swaps what it views) and where it lies
+/// in the unit's flat buffer.
+struct UnitParameter {
+  std::string name;
+  at::Tensor param;         ///< the model's parameter
+  at::Tensor full_view;     ///< the parameter's shape over the flat buffer's storage (what it views when gathered)
+  at::Tensor empty;         ///< a 0-element tensor (what it views when sharded)
+  int64_t offset = 0;       ///< its first element in the flat buffer
+  bool grad_ready = false;  ///< its gradient was accumulated in this backward pass
+};
+
+class FlatUnit {
+ public:
+  enum class State { kSharded, kGathering, kGathered };
+
+  /// Takes the parameters' current values as the unit's (every rank must pass the same ones, in the same order:
+  /// checked by the caller), keeps this rank's shard and leaves the parameters sharded. The parameters share one
+  /// dtype and device (checked by the caller). `name`: for messages ("" for the root).
+  FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup pg,
+           std::optional<c10::ScalarType> reduce_dtype);
+  ~FlatUnit();
+  FlatUnit(const FlatUnit&) = delete;
+  FlatUnit& operator=(const FlatUnit&) = delete;
+
+  const std::string& name() const { return name_; }
+  /// "the root" or "unit '<name>'", for messages.
+  std::string label() const;
+  std::vector<UnitParameter>& params() { return params_; }
+  const std::vector<UnitParameter>& params() const { return params_; }
+  int64_t numel() const { return numel_; }
+  int64_t chunk() const { return chunk_; }
+  /// This rank's shard: a 1-D leaf of chunk() elements (requires grad when the parameters do).
+  const at::Tensor& shard() const { return shard_; }
+  bool requires_grad() const { return requires_grad_; }
+  State state() const { return state_; }
+  /// Bytes of the flat buffer while it is allocated (gathering or gathered), else 0.
+  int64_t gathered_bytes() const;
+
+  /// Allocates the flat buffer and starts the all-gather into it (nothing when not sharded). Collective.
+  void start_gather();
+  /// Ends the gather (starting it first when sharded) and points the parameters at the full values.
+  void wait_gathered();
+  /// Points the parameters at empty tensors and frees the flat buffer (waiting for a gather in flight first).
+  void reshard();
+
+  /// Parameter `i` got its gradient in this backward; true when it was the unit's last.
+  bool note_grad_ready(size_t i);
+  /// Whether every parameter got its gradient in this backward.
+  bool all_grads_ready() const { return ready_ == params_.size(); }
+  /// Starts the reduction of the unit's gradients (a parameter without one contributes zeros) and drops the
+  /// parameters' full gradients. Collective: every rank launches the same units in the same order.
+  void launch_reduction();
+  bool reduction_launched() const { return reduction_.defined(); }
+  /// Waits for the reduction and adds this rank's slice of the average to the shard's .grad.
+  void finish_reduction();
+  /// Forgets the pass: the readiness marks, and a reduction in flight (waited for, its result dropped: after a
+  /// backward that threw). Never throws.
+  void reset_pass() noexcept;
+
+  /// The unit's full flat values (world * chunk elements, padding last): gathered now when sharded. Collective.
+  at::Tensor gather_flat();
+  /// Writes this rank's slice of `flat` (numel() or more elements) into the shard.
+  void load_flat(const at::Tensor& flat);
+
+ private:
+  void point_params_at(bool full);
+
+  std::string name_;
+  ProcessGroup pg_;
+  std::vector<UnitParameter> params_;
+  int64_t numel_ = 0;
+  int64_t chunk_ = 0;
+  bool requires_grad_ = false;
+  c10::ScalarType reduce_dtype_;
+  at::Tensor full_;   ///< world * chunk elements; its storage is freed while sharded
+  at::Tensor shard_;  ///< the optimizer's parameter
+  State state_ = State::kGathered;
+  c10::intrusive_ptr<c10d::Work> gather_;
+  size_t ready_ = 0;
+  at::Tensor reduction_;  ///< the collective's buffer while a reduction is in flight
+  at::Tensor received_;   ///< NCCL: the reduce-scatter's output
+  c10::intrusive_ptr<c10d::Work> reduce_;
+};
+
+}  // namespace ddp::detail

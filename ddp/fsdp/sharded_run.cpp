@@ -1,0 +1,237 @@
+#include <ddp/fsdp/sharded_run.h>
+
+#include <algorithm>
+#include <utility>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <ddp/recompute.h>
+
+namespace ddp::detail {
+namespace {
+
+/// What the identity function's backward needs: the run (weakly: a graph may outlive it) and the unit.
+struct UnitRef : torch::CustomClassHolder {
+  std::weak_ptr<ShardedRun> run;
+  size_t index = 0;
+};
+
+/// The identity on a unit's output whose backward gathers the unit's parameters before any of the unit's own
+/// backward nodes runs (Note [sharding a LibTorch module]).
+struct GatherBeforeBackward : torch::autograd::Function<GatherBeforeBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& output,
+                            const c10::intrusive_ptr<UnitRef>& ref) {
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(ref);
+    ctx->set_materialize_grads(false);
+    return output;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto ref = c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data["unit"].toCapsule());
+    const std::shared_ptr<ShardedRun> run = ref->run.lock();
+    TORCH_CHECK(run,
+                "FullyShardedDataParallel: backward through a sharded unit after its FullyShardedDataParallel "
+                "was destroyed");
+    run->before_backward_of(ref->index);
+    return {grads[0], torch::autograd::Variable()};
+  }
+};
+
+}  // namespace
+
+ShardedRun::ShardedRun(ProcessGroup pg, FullyShardOptions options) : pg_(std::move(pg)), options_(std::move(options)) {}
+
+ShardedRun::~ShardedRun() {
+  for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
+  clear_pass();
+}
+
+void ShardedRun::shard(std::vector<FoundUnit> found) {
+  for (const FoundUnit& f : found) {
+    TORCH_CHECK(!f.wrapper || !f.wrapper->attached_, "FullyShardedDataParallel: ddp::ShardedUnit '", f.name,
+                "' is sharded already, by another FullyShardedDataParallel");
+  }
+  // The hooks first, while the parameters are full: a gradient accumulator keeps the shape it was created with and
+  // checks gradients against it; kept alive here, so that the one autograd uses is this one.
+  for (size_t u = 0; u < found.size(); ++u) {
+    for (size_t i = 0; i < found[u].params.size(); ++i) {
+      const at::Tensor& param = found[u].params[i].second;
+      if (!param.requires_grad()) continue;
+      std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(param);
+      TORCH_CHECK(accumulator, "FullyShardedDataParallel: parameter ", found[u].params[i].first,
+                  " has no gradient accumulator (is it a leaf tensor that requires grad?)");
+      const uintptr_t key = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, u, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            on_grad_ready(u, i);
+            return outputs;
+          }));
+      hooks_.emplace_back(std::move(accumulator), key);
+    }
+  }
+  for (FoundUnit& f : found) {
+    units_.push_back(std::make_unique<FlatUnit>(f.name, std::move(f.params), pg_, options_.reduce_dtype()));
+    wrappers_.push_back(f.wrapper);
+  }
+  for (size_t u = 0; u < found.size(); ++u) {
+    if (found[u].wrapper) {
+      found[u].wrapper->run_ = weak_from_this();
+      found[u].wrapper->index_ = u;
+      found[u].wrapper->attached_ = true;
+    }
+  }
+}
+
+int64_t ShardedRun::gathered_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& unit : units_) bytes += unit->gathered_bytes();
+  return bytes;
+}
+
+void ShardedRun::gathered(FlatUnit& unit) {
+  (void)unit;
+  peak_gathered_ = std::max(peak_gathered_, gathered_bytes());
+}
+
+int ShardedRun::position_of(size_t index) const {
+  const auto it = std::find(order_.begin(), order_.end(), index);
+  return it == order_.end() ? -1 : static_cast<int>(it - order_.begin());
+}
+
+void ShardedRun::prefetch(size_t index) {
+  units_[index]->start_gather();
+  gathered(*units_[index]);
+}
+
+void ShardedRun::begin_forward() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  clear_pass();  // a backward that threw left its marks; the next one starts clean
+  for (auto& unit : units_) unit->reshard();
+  in_forward_ = true;
+  forward_cursor_ = 0;
+  seen_.assign(1, 0);
+  units_[0]->wait_gathered();
+  gathered(*units_[0]);
+}
+
+void ShardedRun::end_forward(bool completed) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  in_forward_ = false;
+  if (completed && !order_known_) {
+    order_ = seen_;
+    for (size_t u = 0; u < units_.size(); ++u) {  // units that did not run go last, in the model's order
+      if (std::find(order_.begin(), order_.end(), u) == order_.end()) order_.push_back(u);
+    }
+    order_known_ = true;
+  }
+  if (!at::GradMode::is_enabled()) {  // no backward comes: nothing stays gathered past forward but the root
+    for (size_t u = 1; u < units_.size(); ++u) units_[u]->reshard();
+  }
+}
+
+at::Tensor ShardedRun::run_unit(size_t index, const std::function<at::Tensor(const at::Tensor&)>& fn,
+                                const at::Tensor& input) {
+  FlatUnit& unit = *units_[index];
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    TORCH_CHECK(in_forward_, "ddp::ShardedUnit: ", unit.label(),
+                " ran outside FullyShardedDataParallel::forward (its parameters are sharded): run the model through "
+                "the FullyShardedDataParallel built over it");
+    if (!order_known_ && std::find(seen_.begin(), seen_.end(), index) == seen_.end()) seen_.push_back(index);
+    unit.wait_gathered();
+    gathered(unit);
+    if (order_known_ && options_.prefetch()) {  // the unit after this one in the first forward's order
+      const int at = position_of(index);
+      if (at >= 0 && static_cast<size_t>(at) + 1 < order_.size()) prefetch(order_[static_cast<size_t>(at) + 1]);
+    }
+  }
+  at::Tensor output = fn(input);
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (output.requires_grad() && at::GradMode::is_enabled()) {
+    auto ref = c10::make_intrusive<UnitRef>();
+    ref->run = weak_from_this();
+    ref->index = index;
+    output = GatherBeforeBackward::apply(output, ref);
+  }
+  if (options_.reshard_after_forward() || !at::GradMode::is_enabled()) unit.reshard();
+  return output;
+}
+
+void ShardedRun::before_backward_of(size_t index) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  begin_backward_pass();
+  FlatUnit& unit = *units_[index];
+  unit.wait_gathered();
+  gathered(unit);
+  if (options_.prefetch()) {  // the unit before this one in forward is the next one backward reaches
+    const int at = position_of(index);
+    if (at > 0) prefetch(order_[static_cast<size_t>(at) - 1]);
+  }
+}
+
+void ShardedRun::begin_backward_pass() {
+  if (in_backward_) return;
+  in_backward_ = true;
+  launched_ = 0;
+  std::weak_ptr<ShardedRun> self = weak_from_this();
+  // At the end of the outermost backward (an activation checkpoint's nested one is not the pass's end).
+  queue_end_of_backward([self] {
+    if (auto run = self.lock()) run->finish_backward();
+  });
+}
+
+void ShardedRun::on_grad_ready(size_t unit_index, size_t param) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  begin_backward_pass();
+  FlatUnit& unit = *units_[unit_index];
+  if (!unit.note_grad_ready(param)) return;
+  // Every gradient of the unit is in: its parameters are not needed again in this pass (the root's stay until the
+  // end: its output was the first thing backward needed, and it holds the loss's own layers).
+  if (unit_index != 0) unit.reshard();
+  if (sync_) launch_ready_reductions(/*all=*/false);
+}
+
+void ShardedRun::launch_ready_reductions(bool all) {
+  // In reverse forward order, on every rank alike: a unit whose gradients are not all in holds up those after it,
+  // until the end of backward launches the rest (a parameter without a gradient contributes zeros).
+  while (launched_ < order_.size()) {
+    FlatUnit& unit = *units_[order_[order_.size() - 1 - launched_]];
+    if (unit.requires_grad()) {
+      if (!all && !unit.all_grads_ready()) return;
+      unit.launch_reduction();
+    }
+    ++launched_;
+  }
+}
+
+void ShardedRun::finish_backward() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!in_backward_) return;
+  if (sync_) {
+    launch_ready_reductions(/*all=*/true);
+    for (auto& unit : units_) unit->finish_reduction();
+  }
+  for (auto& unit : units_) {
+    unit->reshard();
+    unit->reset_pass();
+  }
+  in_backward_ = false;
+}
+
+void ShardedRun::clear_pass() noexcept {
+  for (auto& unit : units_) unit->reset_pass();
+  in_backward_ = false;
+  launched_ = 0;
+}
+
+void ShardedRun::set_sync(bool on) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  sync_ = on;
+}
+
+}  // namespace ddp::detail
