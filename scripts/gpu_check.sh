@@ -111,15 +111,15 @@ phase_deadline_s() {  # phase_deadline_s PHASE
 # FoundInfOnAnotherDeviceIsRejected: a CUDA tensor needs a GPU). A CPU test whose name mentions CUDA is excluded by
 # name (cpu_only_regex); the dry run fails if a test of the GPU groups runs without skipping on the CPU.
 never_run_labels=("FP8 on CUDA" "CUDA graphs" "ZeRO over NCCL" "SyncBatchNorm on CUDA" "the timeline's CUDA events"
-                  "activation checkpointing on CUDA")
+                  "activation checkpointing on CUDA" "full sharding over NCCL")
 never_run_parts=("Fp8Cuda" "CudaGraph" "Zero.*Nccl|Nccl.*Zero" "SyncBatchNormCuda" "TimelineCuda"
-                 "ActivationCheckpointCuda")
+                 "ActivationCheckpointCuda" "FullySharded.*Nccl")
 never_run_regex=$(IFS='|'; echo "${never_run_parts[*]}")
 gpu_regex='Cuda|Gpu|Nccl|MixedDevices|OnAnotherDevice'
 cpu_only_regex='SyncBatchNormTest\.CountsForTheCudaBackward'
 # The dry run's stand-ins for the never-run checks, on the CPU: the SyncBatchNorm and ZeRO device tests' own checks
 # with threads as ranks over Gloo, and our FP8 GEMM against ATen's _scaled_mm. (CUDA graphs have no CPU twin.)
-cpu_twin_regex='SyncBatchNormTest\.TheDeviceTestChecksPassWithThreadsAsRanksOnTheCpu|ZeroThreadRanksTest\.|Fp8GemmCpuTest\.'
+cpu_twin_regex='SyncBatchNormTest\.TheDeviceTestChecksPassWithThreadsAsRanksOnTheCpu|ZeroThreadRanksTest\.|Fp8GemmCpuTest\.|FullyShardedThreadRanksTest\.'
 test_targets=(test_kernels test_ddp test_amp)
 bench_headline_targets=(bench_amp_vs_fp32 bench_fp8_linear)
 bench_kernel_targets=(bench_unscale bench_fused_adamw bench_amp_overhead bench_fused_dense bench_l2_norm

@@ -1,6 +1,7 @@
 #include <ddp/fsdp/sharded_run.h>
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include <ATen/core/grad_mode.h>
@@ -43,11 +44,17 @@ struct GatherBeforeBackward : torch::autograd::Function<GatherBeforeBackward> {
   }
 };
 
+/// Forwards of FullyShardedDataParallel running in this process.
+std::atomic<int> forwards_running{0};
+
 }  // namespace
+
+bool ShardedRun::forward_running() { return forwards_running.load() > 0; }
 
 ShardedRun::ShardedRun(ProcessGroup pg, FullyShardOptions options) : pg_(std::move(pg)), options_(std::move(options)) {}
 
 ShardedRun::~ShardedRun() {
+  if (in_forward_) --forwards_running;
   for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
   clear_pass();
 }
@@ -112,6 +119,7 @@ void ShardedRun::begin_forward() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   clear_pass();  // a backward that threw left its marks; the next one starts clean
   for (auto& unit : units_) unit->reshard();
+  if (!in_forward_) ++forwards_running;
   in_forward_ = true;
   forward_cursor_ = 0;
   seen_.assign(1, 0);
@@ -121,6 +129,7 @@ void ShardedRun::begin_forward() {
 
 void ShardedRun::end_forward(bool completed) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (in_forward_) --forwards_running;
   in_forward_ = false;
   if (completed && !order_known_) {
     order_ = seen_;
@@ -139,6 +148,9 @@ at::Tensor ShardedRun::run_unit(size_t index, const std::function<at::Tensor(con
   FlatUnit& unit = *units_[index];
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
+    TORCH_CHECK(in_forward_ || !in_recompute(), "ddp::ShardedUnit: ", unit.label(),
+                " ran again in backward (an activation checkpoint around the unit): put the checkpoint inside it, "
+                "ddp::ShardedUnit(amp::Checkpointed(block))");
     TORCH_CHECK(in_forward_, "ddp::ShardedUnit: ", unit.label(),
                 " ran outside FullyShardedDataParallel::forward (its parameters are sharded): run the model through "
                 "the FullyShardedDataParallel built over it");

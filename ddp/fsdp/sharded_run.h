@@ -50,6 +50,9 @@ class ShardedRun : public std::enable_shared_from_this<ShardedRun> {
   /// Autograd reached the unit's output: its parameters are gathered again, the next unit's prefetched.
   void before_backward_of(size_t index);
 
+  /// Whether the forward of some FullyShardedDataParallel of this process is running (for units it did not find).
+  static bool forward_running();
+
   void set_sync(bool on);
   bool sync() const { return sync_; }
   bool no_sync_guard_alive = false;  ///< FullyShardedDataParallel::NoSyncGuard's flag

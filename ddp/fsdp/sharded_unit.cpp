@@ -17,7 +17,14 @@ ShardedUnitImpl::ShardedUnitImpl(std::shared_ptr<torch::nn::Module> module,
 }
 
 torch::Tensor ShardedUnitImpl::forward(const torch::Tensor& input) {
-  if (!attached_) return forward_(input);  // no FullyShardedDataParallel yet: the block's own forward
+  if (!attached_) {  // no FullyShardedDataParallel over it: the block's own forward
+    TORCH_CHECK(!detail::ShardedRun::forward_running(),
+                "ddp::ShardedUnit: a unit ran in FullyShardedDataParallel::forward, but the FullyShardedDataParallel "
+                "did not find it in the model (a wrapper that registers the members of what it wraps, not the module "
+                "itself, hides it: amp::Checkpointed around a unit?); put such wrappers inside the unit, "
+                "ddp::ShardedUnit(amp::Checkpointed(block))");
+    return forward_(input);
+  }
   const std::shared_ptr<detail::ShardedRun> run = run_.lock();
   TORCH_CHECK(run,
               "ddp::ShardedUnit: its FullyShardedDataParallel was destroyed and left its parameters sharded; "

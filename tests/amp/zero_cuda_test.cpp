@@ -141,13 +141,7 @@ bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch:
 void expect_zero_trains_like_ddp(const std::string& backend, int world, bool cuda) {
   const int port = ddp::detail::find_free_port();
   const auto errors = ddp_test::run_thread_ranks(world, [&](int rank) {
-    ddp::InitOptions init;
-    if (cuda) init.cuda_device(rank);
-    const ddp::ProcessGroup pg = ddp::init_process_group(init.backend(backend)
-                                                             .init_method("tcp://127.0.0.1:" + std::to_string(port))
-                                                             .rank(rank)
-                                                             .world_size(world)
-                                                             .timeout(ddp_test::kTestTimeout));
+    const ddp::ProcessGroup pg = ddp_test::thread_rank_group(backend, rank, world, port, cuda);
     const torch::Device device =
         cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank)) : torch::Device(torch::kCPU);
     const ZeroRun reference = train(pg, device, amp::ZeroStage::kNone);
@@ -168,15 +162,6 @@ void expect_zero_trains_like_ddp(const std::string& backend, int world, bool cud
   for (int rank = 0; rank < world; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << "rank " << rank;
 }
 
-/// Skips the current test, with the reason, unless this build has NCCL and the machine at least `gpus` GPUs.
-#define LTA_REQUIRE_NCCL_GPUS(gpus)                                                               \
-  do {                                                                                            \
-    LTA_REQUIRE_CUDA();                                                                           \
-    if (!ddp::backend_available("nccl")) GTEST_SKIP() << "needs the NCCL backend (not built in)"; \
-    if (static_cast<int64_t>(torch::cuda::device_count()) < (gpus))                               \
-      GTEST_SKIP() << "needs " << (gpus) << " CUDA GPUs (one per rank)";                          \
-  } while (0)
-
 TEST(ZeroNcclTest, StagesOneAndTwoOverNcclTrainLikeDdpAmpO2BitForBit) {
   LTA_REQUIRE_NCCL_GPUS(1);
   expect_zero_trains_like_ddp("nccl", 1, /*cuda=*/true);
@@ -193,13 +178,7 @@ TEST(ZeroNcclTest, AStageTwoStepOverNcclMakesNoHostSync) {
   LTA_REQUIRE_NCCL_GPUS(1);
   const int port = ddp::detail::find_free_port();
   const auto errors = ddp_test::run_thread_ranks(1, [&](int) {
-    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions()
-                                                             .backend("nccl")
-                                                             .cuda_device(0)
-                                                             .init_method("tcp://127.0.0.1:" + std::to_string(port))
-                                                             .rank(0)
-                                                             .world_size(1)
-                                                             .timeout(ddp_test::kTestTimeout));
+    const ddp::ProcessGroup pg = ddp_test::thread_rank_group("nccl", 0, 1, port, /*cuda=*/true);
     // The first two steps warm up (NCCL's communicator, allocations, the optimizer's lazy state); the rest are checked.
     const ZeroRun run = train(pg, torch::Device(torch::kCUDA, 0), amp::ZeroStage::kTwo, /*checked_from=*/2);
     TORCH_CHECK(torch::isfinite(torch::stack(run.losses)).all().item<bool>(), "a loss is not finite");

@@ -29,10 +29,21 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
+#include "test_util.h"
+
 /// Skips the current test, with the reason, when this build has no Gloo backend (gloo's headers were missing).
 #define LTA_REQUIRE_GLOO()                                                                                         \
   do {                                                                                                             \
     if (!::ddp::backend_available("gloo")) GTEST_SKIP() << "needs the Gloo backend (apt-get install libgloo-dev)"; \
+  } while (0)
+
+/// Skips the current test, with the reason, unless this build has NCCL and the machine at least `gpus` GPUs.
+#define LTA_REQUIRE_NCCL_GPUS(gpus)                                                               \
+  do {                                                                                            \
+    LTA_REQUIRE_CUDA();                                                                           \
+    if (!ddp::backend_available("nccl")) GTEST_SKIP() << "needs the NCCL backend (not built in)"; \
+    if (static_cast<int64_t>(torch::cuda::device_count()) < (gpus))                               \
+      GTEST_SKIP() << "needs " << (gpus) << " CUDA GPUs (one per rank)";                          \
   } while (0)
 
 namespace ddp_test {
@@ -84,6 +95,18 @@ class BackwardOnThisThread {
  private:
   bool previous_;
 };
+
+/// The process group of thread rank `rank` of `world`, meeting on 127.0.0.1:`port` over `backend` (with `cuda`, on
+/// GPU `rank`), with the tests' collective timeout.
+inline ddp::ProcessGroup thread_rank_group(const std::string& backend, int rank, int world, int port, bool cuda) {
+  ddp::InitOptions init;
+  if (cuda) init.cuda_device(rank);
+  return ddp::init_process_group(init.backend(backend)
+                                     .init_method("tcp://127.0.0.1:" + std::to_string(port))
+                                     .rank(rank)
+                                     .world_size(world)
+                                     .timeout(kTestTimeout));
+}
 
 /// Runs fn(rank) for ranks 0 .. world - 1, each on a thread of this process under BackwardOnThisThread (ranks that
 /// must share a process: CUDA does not survive a fork). Returns each rank's error message, "" for a rank
