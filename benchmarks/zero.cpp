@@ -34,47 +34,17 @@
 #include <ddp/process_group.h>
 #include <ddp/shard_layout.h>
 
+#include "common/block_stack.h"
 #include "common/command_line.h"
 #include "common/timing.h"
 
 namespace {
 
+using bench::Stack;
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kTimeout{600000};
 constexpr double kMemoryGoal = 0.35;
 constexpr double kStepGoal = 1.10;
-
-struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(int64_t d) : d(d) {
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
-    out = register_module("out", torch::nn::Linear(d, d));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    fc1 = register_module("fc1", torch::nn::Linear(d, 4 * d));
-    fc2 = register_module("fc2", torch::nn::Linear(4 * d, d));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    const auto h = qkv(ln1(x));
-    x = x + out(h.narrow(-1, 0, d) * torch::sigmoid(h.narrow(-1, d, d)) + h.narrow(-1, 2 * d, d));
-    return x + fc2(torch::gelu(fc1(ln2(x))));
-  }
-  int64_t d;
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  torch::nn::Linear qkv{nullptr}, out{nullptr}, fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(Block);
-
-struct StackImpl : torch::nn::Module {
-  StackImpl(int64_t d, int layers) {
-    for (int i = 0; i < layers; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block(d)));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (auto& b : blocks) x = b(x);
-    return x;
-  }
-  std::vector<Block> blocks;
-};
-TORCH_MODULE(Stack);
 
 struct Setup {
   amp::ZeroStage stage;
