@@ -12,9 +12,12 @@
 // Iteration time: a smaller stack, 2 ranks, DDP and full sharding (default options, then without prefetch)
 // interleaved round by round on the same data, medians. An iteration is zero_grad, forward, backward and step.
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,6 +144,53 @@ void memory(int world, Mode mode, int64_t d, int layers) {
   });
 }
 
+/// Moves this process into a memory cgroup of its own limited to `cap_mib` (cgroup v1 at /sys/fs/cgroup/memory,
+/// root only): past it the kernel's OOM killer ends the process. Returns the cgroup's folder.
+std::string enter_memory_cap(int64_t cap_mib, const std::string& name) {
+  const std::string folder = "/sys/fs/cgroup/memory/" + name;
+  ::mkdir(folder.c_str(), 0755);
+  const auto write = [&](const std::string& file, const std::string& value) {
+    std::ofstream out(folder + "/" + file);
+    out << value;
+    out.flush();
+    return static_cast<bool>(out);
+  };
+  const std::string bytes = std::to_string(cap_mib * 1024 * 1024);
+  TORCH_CHECK(write("memory.limit_in_bytes", bytes), "--cap-mib: cannot limit ", folder,
+              " (needs root and cgroup v1's memory controller at /sys/fs/cgroup/memory)");
+  write("memory.memsw.limit_in_bytes", bytes);  // no swap past the cap, where the kernel accounts swap
+  TORCH_CHECK(write("cgroup.procs", std::to_string(::getpid())), "--cap-mib: cannot join ", folder);
+  return folder;
+}
+
+/// `steps` iterations of `mode` on `world` ranks, each rank in a cgroup capped at `cap_mib`; prints what happened.
+void capped_run(int world, Mode mode, int64_t d, int layers, int64_t cap_mib, int steps) {
+  const std::string prefix = "lta_bench_fsdp_" + std::to_string(::getpid()) + "_";
+  std::string outcome;
+  try {
+    ddp::spawn(world, [&](int rank, int) {
+      enter_memory_cap(cap_mib, prefix + std::to_string(rank));
+      at::set_num_threads(1);
+      const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));
+      const auto x = torch::randn({2, 8, d});
+      auto s = make_setup(pg, mode, d, layers);
+      for (int i = 0; i < steps; ++i) iteration(*s, x);
+      auto rss = torch::tensor({static_cast<double>(peak_rss())}, torch::kDouble);
+      pg.allreduce_max_(rss, "peak RSS");
+      if (pg.rank() == 0) {
+        fmt::print("{}: trained {} iterations under the cap; peak RSS {:.0f} MiB (the most over the ranks)\n",
+                   mode_name(mode), steps, rss.item<double>() / (1024.0 * 1024.0));
+      }
+    });
+  } catch (const c10::Error& e) {
+    outcome = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    outcome = e.what();
+  }
+  for (int rank = 0; rank < world; ++rank) ::rmdir(("/sys/fs/cgroup/memory/" + prefix + std::to_string(rank)).c_str());
+  if (!outcome.empty()) fmt::print("{}: did not train under the cap: {}\n", mode_name(mode), outcome);
+}
+
 void iteration_time(int64_t d, int layers, int64_t tokens, int rounds, int iterations_per_sample, int threads) {
   ddp::spawn(2, [&](int, int) {
     at::set_num_threads(threads);
@@ -196,7 +246,19 @@ int main(int argc, char** argv) {
   app.add_flag("--full", full, "Memory at ~100 M parameters on 2 and 4 ranks, and 20 timed rounds");
   app.add_option("--threads", threads, "Intra-op threads per rank for the iteration time")->check(CLI::PositiveNumber);
   app.add_flag("--step-time-only", step_only, "Only the iteration-time table (no memory runs)");
+  int64_t cap_mib = 0;
+  int cap_ranks = 2;
+  app.add_option("--cap-mib", cap_mib,
+                 "Only this: DDP and full sharding train 3 iterations of the --full model with each rank in a memory "
+                 "cgroup capped at this many MiB (root, cgroup v1); the OOM killer ends a rank past it")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--cap-ranks", cap_ranks, "Ranks of the --cap-mib runs")->check(CLI::Range(2, 8));
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
+  if (cap_mib > 0) {
+    fmt::print("each rank capped at {} MiB, {} ranks, 100.8 M parameters, FP32 AdamW:\n", cap_mib, cap_ranks);
+    for (const Mode mode : {Mode::kDdp, Mode::kFsdp}) capped_run(cap_ranks, mode, 1024, 8, cap_mib, 3);
+    return 0;
+  }
   const int64_t d = full ? 1024 : 256;
   const int layers = full ? 8 : 2;
   if (!step_only) {
