@@ -34,6 +34,7 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
     : name_(std::move(name)), pg_(std::move(pg)) {
   at::NoGradGuard no_grad;
   for (auto& [param_name, tensor] : params) {
+    tensor.mutable_grad().reset();  // a gradient from before sharding would join the first reduction
     UnitParameter p;
     p.name = param_name;
     p.param = tensor;
@@ -160,13 +161,24 @@ void FlatUnit::reset_pass() noexcept {
   ready_ = 0;
   if (reduce_) {
     try {
-      reduce_->wait();
+      pg_.wait(reduce_, "reduce-scatter of " + label() + "'s gradients");  // bounded by the collective timeout
     } catch (...) {  // the pass failed already; its error is the one reported
     }
     reduce_.reset();
   }
   reduction_.reset();
   received_.reset();
+}
+
+void FlatUnit::drop_full_grads() noexcept {
+  for (UnitParameter& p : params_) p.param.mutable_grad().reset();
+}
+
+int64_t FlatUnit::reduction_bytes() const {
+  int64_t bytes = 0;
+  if (reduction_.defined()) bytes += static_cast<int64_t>(reduction_.storage().nbytes());
+  if (received_.defined()) bytes += static_cast<int64_t>(received_.storage().nbytes());
+  return bytes;
 }
 
 at::Tensor FlatUnit::gather_flat() {
@@ -179,6 +191,7 @@ at::Tensor FlatUnit::gather_flat() {
 
 void FlatUnit::load_flat(const at::Tensor& flat) {
   at::NoGradGuard no_grad;
+  reshard();  // gathered values would be the old ones
   at::Tensor padded = at::zeros({chunk_ * pg_.size()}, shard_.options());
   padded.narrow(0, 0, numel_).copy_(flat.narrow(0, 0, numel_));
   shard_.copy_(padded.narrow(0, pg_.rank() * chunk_, chunk_));

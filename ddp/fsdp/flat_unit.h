@@ -76,6 +76,10 @@ class FlatUnit {
   /// Forgets the pass: the readiness marks, and a reduction in flight (waited for, its result dropped: after a
   /// backward that threw). Never throws.
   void reset_pass() noexcept;
+  /// Drops the parameters' full gradients (what a backward that threw left, not yet reduced).
+  void drop_full_grads() noexcept;
+  /// Bytes of the reduction's buffers while one is in flight, else 0.
+  int64_t reduction_bytes() const;
 
   /// The unit's full flat values (world * chunk elements, padding last): gathered now when sharded. Collective.
   at::Tensor gather_flat();

@@ -204,6 +204,10 @@ int64_t FullyShardedDataParallel::held_bytes() const {
 
 int64_t FullyShardedDataParallel::peak_gathered_bytes() const { return run_->peak_gathered_bytes(); }
 
+int64_t FullyShardedDataParallel::peak_reduction_bytes() const { return run_->peak_reduction_bytes(); }
+
+void FullyShardedDataParallel::track_root_output(const at::Tensor& output) { run_->track_output(0, output); }
+
 void FullyShardedDataParallel::reset_peak_gathered_bytes() { run_->reset_peak(); }
 
 const ProcessGroup& FullyShardedDataParallel::process_group() const { return run_->process_group(); }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -69,9 +70,10 @@ struct ShardedUnitInfo {
 ///
 /// Refused with one line: a parameter in two units (or in a unit and the root), a unit inside a unit, a unit's
 /// parameters of mixed dtype, device or requires_grad, a unit run outside forward() of its FullyShardedDataParallel
-/// or after it was destroyed. Between steps the model's own parameters are empty tensors (shape [0]): reading one
-/// outside forward() fails in the operation that reads it (a shape mismatch); full_parameters() gathers them. Not
-/// copyable; the model must outlive it, and stays sharded after it.
+/// or after it was destroyed. Between steps the model's own parameters are empty tensors (shape [0]; the root's stay
+/// gathered after a forward without backward): reading one outside forward() fails in the operation that reads it (a
+/// shape mismatch); full_parameters() gathers them. Every rank must get gradients for the same parameters. Not
+/// copyable; the model must outlive it, and is left sharded by it.
 class FullyShardedDataParallel {
  public:
   using Options = FullyShardOptions;  ///< the options type
@@ -99,6 +101,7 @@ class FullyShardedDataParallel {
     before_forward();
     try {
       ReturnType out = forward_.call<ReturnType>(std::forward<Args>(args)...);
+      if constexpr (std::is_same_v<ReturnType, at::Tensor>) track_root_output(out);
       after_forward();
       return out;
     } catch (...) {
@@ -143,7 +146,10 @@ class FullyShardedDataParallel {
   int64_t held_bytes() const;
   /// The most bytes of gathered full parameters held at once since construction (or the last reset).
   int64_t peak_gathered_bytes() const;
-  /// Starts peak_gathered_bytes() over from what is gathered now.
+  /// The most bytes of full-size gradient buffers in reduction at once (at most two units' at a time) since
+  /// construction (or the last reset).
+  int64_t peak_reduction_bytes() const;
+  /// Starts peak_gathered_bytes() and peak_reduction_bytes() over from what is held now.
   void reset_peak_gathered_bytes();
   /// The wrapped module.
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
@@ -156,6 +162,9 @@ class FullyShardedDataParallel {
   FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> module, detail::ModuleForward forward,
                            ProcessGroup process_group, Options options);
   void abandon_forward() noexcept;
+  /// Gathers the root's parameters again when backward reaches the model's output (a second backward through a
+  /// retained graph, after the first freed them).
+  void track_root_output(const at::Tensor& output);
 
   std::shared_ptr<torch::nn::Module> module_;
   detail::ModuleForward forward_;

@@ -1,11 +1,9 @@
 #include <ddp/fsdp/sharded_run.h>
 
 #include <algorithm>
-#include <atomic>
 #include <utility>
 
 #include <ATen/core/grad_mode.h>
-#include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -17,39 +15,12 @@
 namespace ddp::detail {
 namespace {
 
-/// What the identity function's backward needs: the run (weakly: a graph may outlive it) and the unit.
-struct UnitRef : torch::CustomClassHolder {
-  std::weak_ptr<ShardedRun> run;
-  size_t index = 0;
-};
-
-/// The identity on a unit's output whose backward gathers the unit's parameters before any of the unit's own
-/// backward nodes runs (Note [sharding a LibTorch module]).
-struct GatherBeforeBackward : torch::autograd::Function<GatherBeforeBackward> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& output,
-                            const c10::intrusive_ptr<UnitRef>& ref) {
-    ctx->saved_data["unit"] = c10::IValue::make_capsule(ref);
-    ctx->set_materialize_grads(false);
-    return output;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto ref = c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data["unit"].toCapsule());
-    const std::shared_ptr<ShardedRun> run = ref->run.lock();
-    TORCH_CHECK(run,
-                "FullyShardedDataParallel: backward through a sharded unit after its FullyShardedDataParallel "
-                "was destroyed");
-    run->before_backward_of(ref->index);
-    return {grads[0], torch::autograd::Variable()};
-  }
-};
-
-/// Forwards of FullyShardedDataParallel running in this process.
-std::atomic<int> forwards_running{0};
+/// Forwards of FullyShardedDataParallel running on this thread (a unit's forward runs on its root's thread).
+thread_local int forwards_running = 0;
 
 }  // namespace
 
-bool ShardedRun::forward_running() { return forwards_running.load() > 0; }
+bool ShardedRun::forward_running() { return forwards_running > 0; }
 
 ShardedRun::ShardedRun(ProcessGroup pg, FullyShardOptions options) : pg_(std::move(pg)), options_(std::move(options)) {}
 
@@ -117,7 +88,10 @@ void ShardedRun::prefetch(size_t index) {
 
 void ShardedRun::begin_forward() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  clear_pass();  // a backward that threw left its marks; the next one starts clean
+  if (in_backward_) {  // a backward that threw: its full gradients (and what no_sync gathered before it) are dropped
+    for (auto& unit : units_) unit->drop_full_grads();
+  }
+  clear_pass();
   for (auto& unit : units_) unit->reshard();
   if (!in_forward_) ++forwards_running;
   in_forward_ = true;
@@ -132,10 +106,13 @@ void ShardedRun::end_forward(bool completed) {
   if (in_forward_) --forwards_running;
   in_forward_ = false;
   if (completed && !order_known_) {
-    order_ = seen_;
-    for (size_t u = 0; u < units_.size(); ++u) {  // units that did not run go last, in the model's order
-      if (std::find(order_.begin(), order_.end(), u) == order_.end()) order_.push_back(u);
+    // The root, then the units that did not run (in the model's order), then those that did: reductions go in the
+    // reverse, so a unit that never gets its gradients (it did not run) holds up none of the others.
+    order_.assign(1, 0);
+    for (size_t u = 1; u < units_.size(); ++u) {
+      if (std::find(seen_.begin(), seen_.end(), u) == seen_.end()) order_.push_back(u);
     }
+    order_.insert(order_.end(), seen_.begin() + 1, seen_.end());
     order_known_ = true;
   }
   if (!at::GradMode::is_enabled()) {  // no backward comes: nothing stays gathered past forward but the root
@@ -164,14 +141,25 @@ at::Tensor ShardedRun::run_unit(size_t index, const std::function<at::Tensor(con
   }
   at::Tensor output = fn(input);
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (output.requires_grad() && at::GradMode::is_enabled()) {
-    auto ref = c10::make_intrusive<UnitRef>();
-    ref->run = weak_from_this();
-    ref->index = index;
-    output = GatherBeforeBackward::apply(output, ref);
-  }
+  track_output(index, output);
   if (options_.reshard_after_forward() || !at::GradMode::is_enabled()) unit.reshard();
   return output;
+}
+
+void ShardedRun::track_output(size_t index, const at::Tensor& output) {
+  if (!output.defined() || !output.requires_grad() || !at::GradMode::is_enabled()) return;
+  // A hook on the output runs when its gradient is computed, before the node that made it: before any backward node
+  // of the unit. A hook, not an identity function: the output stays the unit's own (an in-place op on it is the
+  // caller's business, as without sharding), and the hook stays with the node it was registered on.
+  std::weak_ptr<ShardedRun> self = weak_from_this();
+  output.register_hook([self, index](const at::Tensor& grad) {
+    const std::shared_ptr<ShardedRun> run = self.lock();
+    TORCH_CHECK(run,
+                "FullyShardedDataParallel: backward through a sharded unit after its FullyShardedDataParallel "
+                "was destroyed");
+    run->before_backward_of(index);
+    return grad;
+  });
 }
 
 void ShardedRun::before_backward_of(size_t index) {
@@ -180,9 +168,13 @@ void ShardedRun::before_backward_of(size_t index) {
   FlatUnit& unit = *units_[index];
   unit.wait_gathered();
   gathered(unit);
-  if (options_.prefetch()) {  // the unit before this one in forward is the next one backward reaches
+  if (options_.prefetch() && order_.size() > 1) {  // the unit backward reaches next: the one before in forward
     const int at = position_of(index);
-    if (at > 0) prefetch(order_[static_cast<size_t>(at) - 1]);
+    if (index == 0) {
+      prefetch(order_.back());  // backward starts at the root's output, then reaches the last unit
+    } else if (at > 0) {
+      prefetch(order_[static_cast<size_t>(at) - 1]);
+    }
   }
 }
 
@@ -216,9 +208,20 @@ void ShardedRun::launch_ready_reductions(bool all) {
     if (unit.requires_grad()) {
       if (!all && !unit.all_grads_ready()) return;
       unit.launch_reduction();
+      // At most two reductions in flight: the one just launched and the one before, which ends now (it had the
+      // time of this unit's backward), so that the full-size gradient buffers never add up to the model's.
+      if (in_flight_ != nullptr) in_flight_->finish_reduction();
+      in_flight_ = &unit;
+      peak_reduction_ = std::max(peak_reduction_, reduction_bytes());
     }
     ++launched_;
   }
+}
+
+int64_t ShardedRun::reduction_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& unit : units_) bytes += unit->reduction_bytes();
+  return bytes;
 }
 
 void ShardedRun::finish_backward() {
@@ -226,7 +229,8 @@ void ShardedRun::finish_backward() {
   if (!in_backward_) return;
   if (sync_) {
     launch_ready_reductions(/*all=*/true);
-    for (auto& unit : units_) unit->finish_reduction();
+    if (in_flight_ != nullptr) in_flight_->finish_reduction();
+    in_flight_ = nullptr;
   }
   for (auto& unit : units_) {
     unit->reshard();
@@ -239,6 +243,7 @@ void ShardedRun::clear_pass() noexcept {
   for (auto& unit : units_) unit->reset_pass();
   in_backward_ = false;
   launched_ = 0;
+  in_flight_ = nullptr;
 }
 
 void ShardedRun::set_sync(bool on) {

@@ -49,6 +49,9 @@ class ShardedRun : public std::enable_shared_from_this<ShardedRun> {
   at::Tensor run_unit(size_t index, const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input);
   /// Autograd reached the unit's output: its parameters are gathered again, the next unit's prefetched.
   void before_backward_of(size_t index);
+  /// Registers the hook that calls before_backward_of(index) when `output`'s gradient is computed (the root: index 0,
+  /// on the model's output). Nothing when no backward can reach it.
+  void track_output(size_t index, const at::Tensor& output);
 
   /// Whether the forward of some FullyShardedDataParallel of this process is running (for units it did not find).
   static bool forward_running();
@@ -63,7 +66,13 @@ class ShardedRun : public std::enable_shared_from_this<ShardedRun> {
   const FullyShardOptions& options() const { return options_; }
   int64_t gathered_bytes() const;
   int64_t peak_gathered_bytes() const { return peak_gathered_; }
-  void reset_peak() { peak_gathered_ = gathered_bytes(); }
+  void reset_peak() {
+    peak_gathered_ = gathered_bytes();
+    peak_reduction_ = reduction_bytes();
+  }
+  /// Bytes of the reductions' full-size gradient buffers now in flight.
+  int64_t reduction_bytes() const;
+  int64_t peak_reduction_bytes() const { return peak_reduction_; }
 
  private:
   void on_grad_ready(size_t unit, size_t param);
@@ -91,6 +100,8 @@ class ShardedRun : public std::enable_shared_from_this<ShardedRun> {
   size_t forward_cursor_ = 0;  ///< how many units of order_ this forward has run
   size_t launched_ = 0;        ///< reductions launched this pass, in reverse order_
   int64_t peak_gathered_ = 0;
+  int64_t peak_reduction_ = 0;
+  FlatUnit* in_flight_ = nullptr;  ///< the last reduction launched and not yet finished
 };
 
 }  // namespace ddp::detail

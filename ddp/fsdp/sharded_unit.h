@@ -21,9 +21,10 @@ class ShardedRun;
 // does not exist. The unit is a module that wraps the block and holds its parameters, buffers and submodules under
 // their own names (so names, state dictionaries and optimizers read as without it, as amp::Checkpointed does): its
 // forward() is where the unit starts and ends, so it gathers there and frees after. Backward needs two more places:
-// - before the unit's backward: the block's output passes through an identity autograd function whose backward
-//   gathers the parameters again (and prefetches the next unit of backward); autograd runs it before any node of
-//   the block, since they all need the gradient it passes on;
+// - before the unit's backward: a hook on the block's output gathers the parameters again (and prefetches the next
+//   unit of backward); autograd runs a tensor's hooks when its gradient is computed, before the node that made it,
+//   so before any node of the block. A hook rather than an identity autograd function: the output stays the block's
+//   own, so an in-place op on it works as without sharding (a hook stays with the node it was registered on);
 // - after it: a post hook on each parameter's gradient accumulator (as DDP's reducer does) counts the unit's
 //   gradients; the last one launches the unit's reduce-scatter and frees the full gradients and parameters.
 // The parameters stay the same tensors all along (autograd saved them, optimizers and state dictionaries name

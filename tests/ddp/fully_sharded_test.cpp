@@ -106,8 +106,138 @@ TEST(FullyShardedTest, HoldsItsShareBetweenStepsAndAtMostTwoUnitsGathered) {
                       root_bytes + 2 * unit_bytes, ")");
           TORCH_CHECK(fsdp.peak_gathered_bytes() > root_bytes + unit_bytes || step == 0, "step ", step,
                       ": no unit was prefetched");
+          // The reductions' full-size gradient buffers: at most two units' at once, never the whole model's.
+          TORCH_CHECK(fsdp.peak_reduction_bytes() > 0 && fsdp.peak_reduction_bytes() <= 2 * unit_bytes, "step ", step,
+                      ": ", fsdp.peak_reduction_bytes(),
+                      " bytes of gradient buffers in reduction at once, more than two "
+                      "units' (",
+                      2 * unit_bytes, ")");
           opt.step();
           TORCH_CHECK(fsdp.held_bytes() == 2 * shards * 4, "after the step: ", fsdp.held_bytes(), " bytes held");
+        }
+      },
+      2);
+}
+
+/// Rank 0's Net sharded over `pg` and one step's shard gradients from `backwards` backward passes of one forward.
+std::vector<torch::Tensor> shard_grads_after(uint64_t seed, int rank, const ddp::ProcessGroup& pg, int backwards) {
+  Net model = make_net(seed, rank, /*sharded=*/true);
+  ddp::FullyShardedDataParallel fsdp(model, pg);
+  const Batch b = batch(seed, rank, 0);
+  const torch::Tensor loss = torch::mse_loss(fsdp.forward(b.x), b.y);
+  for (int i = 0; i < backwards; ++i) loss.backward({}, /*retain_graph=*/i + 1 < backwards);
+  std::vector<torch::Tensor> grads;
+  for (const auto& shard : fsdp.parameters()) grads.push_back(shard.grad().clone());
+  return grads;
+}
+
+// The first backward frees the root's parameters at its end; the second, through the retained graph, gathers them
+// again when it reaches the model's output (before the fix it read the freed storage's views: a torch error).
+TEST(FullyShardedTest, ASecondBackwardThroughARetainedGraphGathersTheRootAgain) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks(
+      [seed](int rank, const ddp::ProcessGroup& pg) {
+        const auto once = shard_grads_after(seed, rank, pg, 1);
+        const auto twice = shard_grads_after(seed, rank, pg, 2);
+        for (size_t i = 0; i < once.size(); ++i) {
+          TORCH_CHECK(torch::equal(twice[i], once[i] * 2), "shard ", i, ": two backward passes are not twice one");
+        }
+      },
+      2);
+}
+
+/// embed -> unit -> ReLU in place -> unit -> head (`sharded`), or the same without units.
+torch::nn::Sequential relu_in_place_net(uint64_t seed, int rank, bool sharded) {
+  torch::manual_seed(seed + 1 + static_cast<uint64_t>(rank));
+  torch::nn::Sequential net(torch::nn::Linear(kIn, kWidth));
+  for (int b = 0; b < 2; ++b) {
+    if (sharded) {
+      net->push_back(ddp::ShardedUnit(Block()));
+    } else {
+      net->push_back(Block());
+    }
+    net->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+  }
+  net->push_back(torch::nn::Linear(kWidth, kOut));
+  return net;
+}
+
+// A unit's output modified in place (a ReLU(inplace) after the block), which DDP trains: before the fix the unit's
+// output was an identity function's, and autograd refused the in-place op on it.
+TEST(FullyShardedTest, AnInPlaceOpOnAUnitsOutputTrainsLikeDdp) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks(
+      [seed](int rank, const ddp::ProcessGroup& pg) {
+        torch::nn::Sequential plain = relu_in_place_net(seed, rank, false);
+        ddp::DistributedDataParallel ddp(plain, pg);
+        torch::optim::SGD ddp_opt(plain->parameters(), sgd());
+        Trained expected = train(ddp, ddp_opt, seed, rank, 4, 1, torch::kCPU);
+        for (const auto& p : plain->named_parameters()) expected.params.emplace_back(p.key(), p.value().detach());
+        torch::nn::Sequential sharded = relu_in_place_net(seed, rank, true);
+        ddp::FullyShardedDataParallel fsdp(sharded, pg);
+        torch::optim::SGD fsdp_opt(fsdp.parameters(), sgd());
+        Trained got = train(fsdp, fsdp_opt, seed, rank, 4, 1, torch::kCPU);
+        got.params = fsdp.full_parameters();
+        check_same(got, expected, 0.0, "ReLU(inplace) after each unit");
+      },
+      2);
+}
+
+/// Passes its input through; its hook throws in backward while `armed` (a backward that fails midway).
+struct ThrowInBackwardImpl : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = x * 1.0;
+    y.register_hook([this](const torch::Tensor& grad) {
+      if (armed) throw std::runtime_error("a failure in the middle of backward");
+      return grad;
+    });
+    return y;
+  }
+  bool armed = false;
+};
+TORCH_MODULE(ThrowInBackward);
+
+// A backward that throws midway leaves full gradients on parameters whose unit was not reduced yet (the head's: the
+// root reduces last). The next forward drops them: the steps after it equal a run that never failed (before the fix
+// the head's gradient of the failed pass was added into the next step's).
+TEST(FullyShardedTest, ABackwardThatThrowsLeavesNothingForTheNextStep) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks(
+      [seed](int rank, const ddp::ProcessGroup& pg) {
+        std::vector<std::vector<std::pair<std::string, torch::Tensor>>> runs;
+        for (const bool fail_first : {false, true}) {
+          torch::manual_seed(seed + 1 + static_cast<uint64_t>(rank));
+          ThrowInBackward thrower;
+          torch::nn::Sequential net(torch::nn::Linear(kIn, kWidth), ddp::ShardedUnit(Block()), thrower,
+                                    ddp::ShardedUnit(Block()), torch::nn::Linear(kWidth, kOut));
+          ddp::FullyShardedDataParallel fsdp(net, pg);
+          torch::optim::SGD opt(fsdp.parameters(), sgd());
+          if (fail_first) {
+            thrower->armed = true;
+            const Batch b = batch(seed, rank, 99);
+            bool threw = false;
+            try {
+              torch::mse_loss(fsdp.forward(b.x), b.y).backward();
+            } catch (const std::exception&) {
+              threw = true;
+            }
+            TORCH_CHECK(threw, "the armed backward did not throw");
+            thrower->armed = false;
+          }
+          for (int step = 0; step < 3; ++step) {
+            opt.zero_grad();
+            const Batch b = batch(seed, rank, step);
+            torch::mse_loss(fsdp.forward(b.x), b.y).backward();
+            opt.step();
+          }
+          runs.push_back(fsdp.full_parameters());
+        }
+        for (size_t i = 0; i < runs[0].size(); ++i) {
+          TORCH_CHECK(torch::equal(runs[0][i].second, runs[1][i].second), runs[0][i].first,
+                      " differs after a failed backward");
         }
       },
       2);
@@ -195,6 +325,8 @@ TEST(FullyShardedTest, ADifferentModelOnOneRankIsRefusedOnEveryRank) {
       2);
 }
 
+// After an evaluation forward, which leaves the root gathered: full_parameters() must read what was loaded, not the
+// gathered old values.
 TEST(FullyShardedTest, LoadFullParametersPutsEachRanksSliceInItsShard) {
   LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();
@@ -202,6 +334,10 @@ TEST(FullyShardedTest, LoadFullParametersPutsEachRanksSliceInItsShard) {
       [seed](int rank, const ddp::ProcessGroup& pg) {
         Net model = make_net(seed, rank, /*sharded=*/true);
         ddp::FullyShardedDataParallel fsdp(model, pg);
+        {
+          torch::NoGradGuard no_grad;
+          fsdp.forward(batch(seed, rank, 0).x);
+        }
         auto values = fsdp.full_parameters();
         torch::manual_seed(seed + 99);  // the same new values on every rank
         for (auto& [name, value] : values) value = torch::randn_like(value);
