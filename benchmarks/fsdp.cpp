@@ -5,9 +5,10 @@
 // Memory: the transformer-shaped stack of bench_zero (~100 M parameters at --full), each block one unit. After one
 // iteration each rank counts tensor storage: DDP's parameters, gradients, buckets kept between steps and AdamW's two
 // moments; full sharding's shards, their gradients and the moments of the shards, and the most bytes of full
-// parameters gathered at once during the iteration. Each mode runs in processes of its own, so the peak resident
-// size (getrusage, the most over the ranks) is that mode's; it includes building the full model before it is
-// sharded. The formula: (4 + 4 + 8) Ψ / N for full sharding plus the gathered units, against (4 + 4 + 4 + 8) Ψ.
+// parameters gathered at once and of full-size gradient buffers in reduction at once during the iteration. Each
+// mode runs in processes of its own, so the peak resident size (getrusage, the most over the ranks) is that mode's;
+// it includes building the full model before it is sharded. The formula: (4 + 4 + 8) Ψ / N for full sharding plus
+// the gathered units and the gradient buffers in reduction, against (4 + 4 + 4 + 8) Ψ.
 //
 // Iteration time: a smaller stack, 2 ranks, DDP and full sharding (default options, then without prefetch)
 // interleaved round by round on the same data, medians. An iteration is zero_grad, forward, backward and step.
@@ -85,8 +86,8 @@ void iteration(Setup& s, const torch::Tensor& x) {
 int64_t storage_bytes(const torch::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0; }
 
 struct Bytes {
-  int64_t params = 0, grads = 0, buckets = 0, adam = 0, gathered = 0;
-  int64_t total() const { return params + grads + buckets + adam + gathered; }
+  int64_t params = 0, grads = 0, buckets = 0, adam = 0, gathered = 0, reducing = 0;
+  int64_t total() const { return params + grads + buckets + adam + gathered + reducing; }
 };
 
 Bytes measure(Setup& s) {
@@ -107,6 +108,7 @@ Bytes measure(Setup& s) {
       b.grads += storage_bytes(shard.grad());
     }
     b.gathered = s.fsdp->peak_gathered_bytes();
+    b.reducing = s.fsdp->peak_reduction_bytes();
   }
   return b;
 }
@@ -137,10 +139,11 @@ void memory(int world, Mode mode, int64_t d, int layers) {
     if (pg.rank() != 0) return;
     const double psi = static_cast<double>(params);
     const double formula = mode == Mode::kDdp ? 20 * psi : 16 * psi / world;
-    fmt::print("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.0f} |\n", world,
-               mode_name(mode), psi / 1e6, mib(b.params), mib(b.grads), mib(b.buckets), mib(b.adam), mib(b.gathered),
-               mib(b.total()), static_cast<double>(b.total() - b.gathered) / formula,
-               rss.item<double>() / (1024.0 * 1024.0));
+    fmt::print(
+        "| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.0f} |\n",
+        world, mode_name(mode), psi / 1e6, mib(b.params), mib(b.grads), mib(b.buckets), mib(b.adam), mib(b.gathered),
+        mib(b.reducing), mib(b.total()), static_cast<double>(b.total() - b.gathered - b.reducing) / formula,
+        rss.item<double>() / (1024.0 * 1024.0));
   });
 }
 
@@ -265,7 +268,8 @@ int main(int argc, char** argv) {
     fmt::print(
         "memory per rank (rank 0; peak RSS: the most over the ranks), after one iteration, MiB\n"
         "| ranks | mode | M params | params / shards | grads | DDP buckets | AdamW moments | most gathered at once "
-        "| total | (total - gathered) / formula | peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "| most in reduction at once | total | (total - the two) / formula | peak RSS |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const int world : {2, 4}) {
       if (!full && world == 4) break;
       for (const Mode mode : {Mode::kDdp, Mode::kFsdp}) memory(world, mode, d, layers);

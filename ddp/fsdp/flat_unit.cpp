@@ -78,6 +78,7 @@ void FlatUnit::start_gather() {
   if (state_ != State::kSharded) return;
   allocate_storage(full_, static_cast<size_t>(full_.numel()) * full_.element_size());
   state_ = State::kGathering;
+  ++gathers_;
   if (chunk_ == 0) return;
   at::Tensor input = shard_.detach();
   gather_ = pg_.allgather_into_async(full_, input);

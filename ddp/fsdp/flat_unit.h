@@ -58,6 +58,8 @@ class FlatUnit {
 
   /// Allocates the flat buffer and starts the all-gather into it (nothing when not sharded). Collective.
   void start_gather();
+  /// How many times start_gather() gathered since construction.
+  int64_t gathers() const { return gathers_; }
   /// Ends the gather (starting it first when sharded) and points the parameters at the full values.
   void wait_gathered();
   /// Points the parameters at empty tensors and frees the flat buffer (waiting for a gather in flight first).
@@ -101,6 +103,7 @@ class FlatUnit {
   State state_ = State::kGathered;
   c10::intrusive_ptr<c10d::Work> gather_;
   size_t ready_ = 0;
+  int64_t gathers_ = 0;
   at::Tensor reduction_;  ///< the collective's buffer while a reduction is in flight
   at::Tensor received_;   ///< NCCL: the reduce-scatter's output
   c10::intrusive_ptr<c10d::Work> reduce_;

@@ -184,6 +184,7 @@ std::vector<ShardedUnitInfo> FullyShardedDataParallel::units() const {
     info.numel = unit->numel();
     info.shard_numel = unit->chunk();
     info.gathered = unit->state() != detail::FlatUnit::State::kSharded;
+    info.gathers = unit->gathers();
     out.push_back(std::move(info));
   }
   return out;

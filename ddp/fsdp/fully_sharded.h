@@ -50,6 +50,7 @@ struct ShardedUnitInfo {
   int64_t numel = 0;                         ///< elements of all its parameters
   int64_t shard_numel = 0;                   ///< elements per rank (numel / world rounded up to 16; the last padded)
   bool gathered = false;                     ///< whether its full parameters are allocated now
+  int64_t gathers = 0;                       ///< all-gathers of its parameters since construction (prefetches too)
 };
 
 /// Data-parallel training of a model whose parameters are split among the ranks of `process_group` (one device per

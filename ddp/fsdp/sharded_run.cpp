@@ -77,8 +77,8 @@ void ShardedRun::gathered(FlatUnit& unit) {
 }
 
 int ShardedRun::position_of(size_t index) const {
-  const auto it = std::find(order_.begin(), order_.end(), index);
-  return it == order_.end() ? -1 : static_cast<int>(it - order_.begin());
+  const auto it = std::find(ran_.begin(), ran_.end(), index);
+  return it == ran_.end() ? -1 : static_cast<int>(it - ran_.begin());
 }
 
 void ShardedRun::prefetch(size_t index) {
@@ -95,7 +95,6 @@ void ShardedRun::begin_forward() {
   for (auto& unit : units_) unit->reshard();
   if (!in_forward_) ++forwards_running;
   in_forward_ = true;
-  forward_cursor_ = 0;
   seen_.assign(1, 0);
   units_[0]->wait_gathered();
   gathered(*units_[0]);
@@ -113,6 +112,7 @@ void ShardedRun::end_forward(bool completed) {
       if (std::find(seen_.begin(), seen_.end(), u) == seen_.end()) order_.push_back(u);
     }
     order_.insert(order_.end(), seen_.begin() + 1, seen_.end());
+    ran_ = seen_;
     order_known_ = true;
   }
   if (!at::GradMode::is_enabled()) {  // no backward comes: nothing stays gathered past forward but the root
@@ -136,7 +136,7 @@ at::Tensor ShardedRun::run_unit(size_t index, const std::function<at::Tensor(con
     gathered(unit);
     if (order_known_ && options_.prefetch()) {  // the unit after this one in the first forward's order
       const int at = position_of(index);
-      if (at >= 0 && static_cast<size_t>(at) + 1 < order_.size()) prefetch(order_[static_cast<size_t>(at) + 1]);
+      if (at >= 0 && static_cast<size_t>(at) + 1 < ran_.size()) prefetch(ran_[static_cast<size_t>(at) + 1]);
     }
   }
   at::Tensor output = fn(input);
@@ -168,12 +168,12 @@ void ShardedRun::before_backward_of(size_t index) {
   FlatUnit& unit = *units_[index];
   unit.wait_gathered();
   gathered(unit);
-  if (options_.prefetch() && order_.size() > 1) {  // the unit backward reaches next: the one before in forward
+  if (options_.prefetch() && ran_.size() > 1) {  // the unit backward reaches next: the one before in forward
     const int at = position_of(index);
     if (index == 0) {
-      prefetch(order_.back());  // backward starts at the root's output, then reaches the last unit
+      prefetch(ran_.back());  // backward starts at the root's output, then reaches the last unit
     } else if (at > 0) {
-      prefetch(order_[static_cast<size_t>(at) - 1]);
+      prefetch(ran_[static_cast<size_t>(at) - 1]);
     }
   }
 }

@@ -94,11 +94,11 @@ class ShardedRun : public std::enable_shared_from_this<ShardedRun> {
   bool in_forward_ = false;
   bool sync_ = true;
   bool in_backward_ = false;
-  std::vector<size_t> order_;  ///< unit indices in the order of the first completed forward (root first)
+  std::vector<size_t> order_;  ///< the reductions' order, reversed: the root, units that did not run, the rest
+  std::vector<size_t> ran_;    ///< the units of the first completed forward in the order they ran (root first)
   bool order_known_ = false;
-  std::vector<size_t> seen_;   ///< the units of the forward now running, in order (until the order is known)
-  size_t forward_cursor_ = 0;  ///< how many units of order_ this forward has run
-  size_t launched_ = 0;        ///< reductions launched this pass, in reverse order_
+  std::vector<size_t> seen_;  ///< the units of the forward now running, in order (until the order is known)
+  size_t launched_ = 0;       ///< reductions launched this pass, in reverse order_
   int64_t peak_gathered_ = 0;
   int64_t peak_reduction_ = 0;
   FlatUnit* in_flight_ = nullptr;  ///< the last reduction launched and not yet finished

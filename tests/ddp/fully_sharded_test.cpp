@@ -243,6 +243,44 @@ TEST(FullyShardedTest, ABackwardThatThrowsLeavesNothingForTheNextStep) {
       2);
 }
 
+/// Three units of which forward runs the first and the last: the middle one gets no gradients.
+struct SkipsAUnitImpl : torch::nn::Module {
+  SkipsAUnitImpl() {
+    for (int u = 0; u < 3; ++u) units.push_back(register_module("unit" + std::to_string(u), ddp::ShardedUnit(Block())));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return units[2](units[0](x)).sum(-1); }
+  std::vector<ddp::ShardedUnit> units;
+};
+TORCH_MODULE(SkipsAUnit);
+
+// A unit that did not run is neither gathered nor prefetched (a prefetch in the first forward's order would gather it
+// in every backward for nothing), and it holds up no reduction: each step's gathers are those of the two units run,
+// once in forward and once in backward.
+TEST(FullyShardedTest, AUnitThatDoesNotRunIsNeverGathered) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks(
+      [seed](int rank, const ddp::ProcessGroup& pg) {
+        torch::manual_seed(seed);
+        SkipsAUnit model;
+        ddp::FullyShardedDataParallel fsdp(model, pg);
+        torch::optim::SGD opt(fsdp.parameters(), sgd());
+        for (int step = 0; step < 3; ++step) {
+          opt.zero_grad();
+          const torch::Tensor x = torch::randn({4, kWidth});
+          fsdp.forward(x).pow(2).mean().backward();
+          opt.step();
+        }
+        const auto units = fsdp.units();  // the root (no parameters), unit0, unit1, unit2
+        TORCH_CHECK(units[2].name == "unit1", units[2].name);
+        TORCH_CHECK(units[2].gathers == 0, "the unit that never ran was gathered ", units[2].gathers, " times");
+        TORCH_CHECK(units[1].gathers == 6 && units[3].gathers == 6, "3 steps gathered the units run ", units[1].gathers,
+                    " and ", units[3].gathers, " times, not twice a step");
+        (void)rank;
+      },
+      2);
+}
+
 TEST(FullyShardedTest, RefusesWhatCannotWorkInOneLine) {
   LTA_REQUIRE_GLOO();
   run_ranks(
