@@ -210,9 +210,9 @@ void ShardedRun::launch_ready_reductions(bool all) {
       unit.launch_reduction();
       // At most two reductions in flight: the one just launched and the one before, which ends now (it had the
       // time of this unit's backward), so that the full-size gradient buffers never add up to the model's.
+      peak_reduction_ = std::max(peak_reduction_, reduction_bytes());  // this one's buffers and the one before's
       if (in_flight_ != nullptr) in_flight_->finish_reduction();
       in_flight_ = &unit;
-      peak_reduction_ = std::max(peak_reduction_, reduction_bytes());
     }
     ++launched_;
   }
