@@ -38,6 +38,22 @@ TEST(FullyShardedTest, TrainsLikeDdpBitForBitAtTwoRanks) {
       2);
 }
 
+// reduce_dtype kBFloat16 against DDP's allreduce_dtype kBFloat16: both round each gradient to bf16, add the two
+// ranks' values in bf16 (one rounding, either order), halve (exact) and widen: bit for bit. Reducing in fp32 instead
+// (the option ignored) differs.
+TEST(FullyShardedTest, ABf16ReductionTrainsLikeDdpsBf16AllreduceBitForBit) {
+  LTA_REQUIRE_GLOO();
+  const uint64_t seed = test_util::fresh_seed();
+  run_ranks(
+      [seed](int rank, const ddp::ProcessGroup& pg) {
+        const Trained ddp = train_ddp(seed, rank, pg, 4, 1, torch::kCPU,
+                                      ddp::DistributedDataParallelOptions().allreduce_dtype(torch::kBFloat16));
+        check_same(train_fsdp(seed, rank, pg, 4, 1, ddp::FullyShardOptions().reduce_dtype(torch::kBFloat16)), ddp, 0.0,
+                   "reduce_dtype bf16");
+      },
+      2);
+}
+
 TEST(FullyShardedTest, GradientAccumulationUnderNoSyncTrainsLikeDdpBitForBit) {
   LTA_REQUIRE_GLOO();
   const uint64_t seed = test_util::fresh_seed();

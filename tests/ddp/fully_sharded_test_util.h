@@ -108,9 +108,9 @@ Trained train(Wrapper& wrapper, torch::optim::Optimizer& opt, uint64_t seed, int
 }
 
 inline Trained train_ddp(uint64_t seed, int rank, const ddp::ProcessGroup& pg, int steps, int micro = 1,
-                         const torch::Device& device = torch::kCPU) {
+                         const torch::Device& device = torch::kCPU, ddp::DistributedDataParallelOptions options = {}) {
   Net model = make_net(seed, rank, /*sharded=*/false, device);
-  ddp::DistributedDataParallel ddp(model, pg);
+  ddp::DistributedDataParallel ddp(model, pg, options);
   torch::optim::SGD opt(model->parameters(), sgd());
   Trained out = train(ddp, opt, seed, rank, steps, micro, device);
   for (const auto& p : model->named_parameters()) out.params.emplace_back(p.key(), p.value().detach().cpu());
