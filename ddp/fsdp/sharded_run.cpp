@@ -71,10 +71,7 @@ int64_t ShardedRun::gathered_bytes() const {
   return bytes;
 }
 
-void ShardedRun::gathered(FlatUnit& unit) {
-  (void)unit;
-  peak_gathered_ = std::max(peak_gathered_, gathered_bytes());
-}
+void ShardedRun::note_peak() { peak_gathered_ = std::max(peak_gathered_, gathered_bytes()); }
 
 int ShardedRun::position_of(size_t index) const {
   const auto it = std::find(ran_.begin(), ran_.end(), index);
@@ -83,7 +80,7 @@ int ShardedRun::position_of(size_t index) const {
 
 void ShardedRun::prefetch(size_t index) {
   units_[index]->start_gather();
-  gathered(*units_[index]);
+  note_peak();
 }
 
 void ShardedRun::begin_forward() {
@@ -97,7 +94,7 @@ void ShardedRun::begin_forward() {
   in_forward_ = true;
   seen_.assign(1, 0);
   units_[0]->wait_gathered();
-  gathered(*units_[0]);
+  note_peak();
 }
 
 void ShardedRun::end_forward(bool completed) {
@@ -133,7 +130,7 @@ at::Tensor ShardedRun::run_unit(size_t index, const std::function<at::Tensor(con
                 "the FullyShardedDataParallel built over it");
     if (!order_known_ && std::find(seen_.begin(), seen_.end(), index) == seen_.end()) seen_.push_back(index);
     unit.wait_gathered();
-    gathered(unit);
+    note_peak();
     if (order_known_ && options_.prefetch()) {  // the unit after this one in the first forward's order
       const int at = position_of(index);
       if (at >= 0 && static_cast<size_t>(at) + 1 < ran_.size()) prefetch(ran_[static_cast<size_t>(at) + 1]);
@@ -167,7 +164,7 @@ void ShardedRun::before_backward_of(size_t index) {
   begin_backward_pass();
   FlatUnit& unit = *units_[index];
   unit.wait_gathered();
-  gathered(unit);
+  note_peak();
   if (options_.prefetch() && ran_.size() > 1) {  // the unit backward reaches next: the one before in forward
     const int at = position_of(index);
     if (index == 0) {

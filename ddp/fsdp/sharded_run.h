@@ -80,7 +80,7 @@ class ShardedRun : public std::enable_shared_from_this<ShardedRun> {
   void launch_ready_reductions(bool all);
   void finish_backward();
   void clear_pass() noexcept;
-  void gathered(FlatUnit& unit);
+  void note_peak();  ///< peak_gathered_ over what is gathered now
   void prefetch(size_t index);
   int position_of(size_t index) const;
 
