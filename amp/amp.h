@@ -29,6 +29,7 @@
 #include <amp/options.h>
 #include <amp/state/state.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/fsdp/fully_sharded.h>
 
 namespace amp {
 
@@ -203,6 +204,37 @@ Initialized<ModuleHolder> initialize(ModuleHolder module, torch::optim::Optimize
                                      const Options& options = Options()) {
   auto state = std::make_shared<detail::State>(*module.ptr(), optimizer, options);
   return {Model<ModuleHolder>(std::move(module), state), Optimizer(state)};
+}
+
+/// What amp::Model holds for a fully sharded model: `->` reaches the ddp::FullyShardedDataParallel, so that
+/// model.forward(x) runs its forward under the opt level's policy.
+class FullyShardedModule {
+ public:
+  /// Refers to `fsdp`, which must outlive it.
+  explicit FullyShardedModule(ddp::FullyShardedDataParallel& fsdp) : fsdp_(&fsdp) {}
+  /// The FullyShardedDataParallel.
+  ddp::FullyShardedDataParallel* operator->() const { return fsdp_; }
+  /// The FullyShardedDataParallel.
+  ddp::FullyShardedDataParallel& operator*() const { return *fsdp_; }
+
+ private:
+  ddp::FullyShardedDataParallel* fsdp_;
+};
+
+/// Mixed precision over a fully sharded model (docs/fsdp.md): `optimizer` is built over fsdp.parameters(), the fp32
+/// shards, and those shards are the master weights: O2 computes in half from units gathered in half (construct
+/// `fsdp` with FullyShardOptions().param_dtype(the half dtype)) and needs no second fp32 copy; O0/O1 leave the
+/// parameters fp32 (param_dtype unset). One loss scale and one overflow flag for all ranks (the flag is reduced over
+/// `fsdp`'s group once per scale_loss scope that unscales), clip_grad_norm_ over every rank's shards: scale_loss
+/// scopes, step() and amp::clip_grad_norm_ are collective (call them on every rank). Refused in one line: O3,
+/// keep_layernorm_fp32, BatchNorm kept fp32 under O2, FP8, LBFGS, a param_dtype other than the opt level's, and
+/// (not yet supported) amp checkpoints with the optimizer's state; model.save / model.load write and read the
+/// consolidated model. `fsdp` must outlive the returned objects.
+inline Initialized<FullyShardedModule> initialize(ddp::FullyShardedDataParallel& fsdp,
+                                                  torch::optim::Optimizer& optimizer,
+                                                  const Options& options = Options()) {
+  auto state = std::make_shared<detail::State>(fsdp, optimizer, options);
+  return {Model<FullyShardedModule>(FullyShardedModule(fsdp), state), Optimizer(state)};
 }
 
 /// The loss scaled for backward (Apex's `with amp.scale_loss(loss, optimizer) as scaled_loss`). When it goes

@@ -66,6 +66,15 @@ constexpr size_t kMaxExtraNameLength = 64;
   throw c10::Error("checkpoint '" + path + "': " + one_line(what));
 }
 
+/// Refuses a fully sharded model (amp::initialize over a FullyShardedDataParallel): its optimizer state is kept
+/// per unit and flat, in a layout these checkpoints do not write yet.
+void refuse_fully_sharded(const std::string& path, const State& state) {
+  if (state.fully_sharded() == nullptr) return;
+  fail(path,
+       "amp checkpoints of a fully sharded model (the optimizer's state included) are not supported yet: save "
+       "the model alone with model.save (consolidated; every rank calls it)");
+}
+
 /// Runs `f`, re-reporting any exception as one line that names the file (and `context`, when given).
 template <typename F>
 auto checked(const std::string& path, const std::string& context, F&& f) -> decltype(f()) {
@@ -260,6 +269,7 @@ std::function<void()> load_checked_parts(const std::string& path, State& state, 
 }  // namespace
 
 void save_checkpoint(const std::string& path, State& state, const CheckpointExtras& extras) {
+  refuse_fully_sharded(path, state);
   state.wait_for_parameters();  // Note [deferred publish]: the model as the last step() left it
   std::string extra_names;
   for (const auto& entry : extras) {
@@ -305,6 +315,7 @@ void save_checkpoint(const std::string& path, State& state, const CheckpointExtr
 }
 
 void load_checkpoint(const std::string& path, State& state, CheckpointExtras* extras) {
+  refuse_fully_sharded(path, state);
   // Note [deferred publish]: a pending all-gather reads the send buffers the load rewrites and would overwrite the
   // loaded parameters.
   state.wait_for_parameters();
@@ -506,6 +517,7 @@ void load_sharded(const std::string& path, State& state, ZeroShard& zero, Checkp
 }  // namespace
 
 void save_checkpoint_sharded(const std::string& path, State& state, const CheckpointExtras& extras) {
+  refuse_fully_sharded(path, state);
   state.wait_for_parameters();  // Note [deferred publish]
   ZeroShard* const zero = state.zero();
   if (zero == nullptr) {

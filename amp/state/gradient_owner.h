@@ -45,8 +45,11 @@ struct OwnerContext {
 ///   they arrive (consume_bucket), the rest at the scope's end.
 /// - ZeroShard (amp/zero/, ZeroStage::kOne and kTwo): each rank holds its slice of every bucket's masters,
 ///   gradients and optimizer state; its step all-gathers the updated slices into the model.
-/// attach() with a ZeroStage swaps the first for the second. A new mode (another sharding stage, say) implements this
-/// interface and is chosen in State::attach; nothing else of State changes.
+/// - ShardedGradients (amp/fsdp/, amp::initialize over a ddp::FullyShardedDataParallel): the slots are the fp32
+///   shards, which are the masters; the replicated arithmetic on them, with the overflow flag and the norm reduced
+///   over the ranks.
+/// attach() with a ZeroStage swaps the first for the second; the fully sharded constructor of State chooses the
+/// third. A new mode implements this interface and is chosen there; nothing else of State changes.
 class GradientOwner {
  public:
   virtual ~GradientOwner() = default;

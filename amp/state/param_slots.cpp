@@ -10,20 +10,29 @@ namespace {
 
 bool is_half(c10::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
+std::vector<std::pair<std::string, at::Tensor>> named_parameters_of(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
 }  // namespace
 
-ParamSlots::ParamSlots(torch::nn::Module& module, const torch::optim::Optimizer& optimizer) {
+ParamSlots::ParamSlots(torch::nn::Module& module, const torch::optim::Optimizer& optimizer)
+    : ParamSlots(named_parameters_of(module), optimizer, "a parameter of the model") {}
+
+ParamSlots::ParamSlots(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                       const torch::optim::Optimizer& optimizer, const std::string& of_what) {
   // Every parameter must be fp32 on entry, on one device.
-  const auto named = module.named_parameters(/*recurse=*/true);
-  TORCH_CHECK(named.size() > 0, "amp::initialize: the model has no parameters");
-  device_ = named[0].value().device();
+  TORCH_CHECK(!named.empty(), "amp::initialize: the model has no parameters");
+  device_ = named[0].second.device();
   std::unordered_map<const void*, std::string> name_of;
-  for (const auto& p : named) {
-    TORCH_CHECK(p.value().scalar_type() == at::kFloat, "amp::initialize needs fp32 parameters on entry, but '", p.key(),
-                "' is ", p.value().scalar_type());
-    TORCH_CHECK(p.value().device() == device_, "amp::initialize needs all parameters on one device, but '", p.key(),
-                "' is on ", p.value().device(), " and '", named[0].key(), "' on ", device_);
-    name_of[p.value().unsafeGetTensorImpl()] = p.key();
+  for (const auto& [name, p] : named) {
+    TORCH_CHECK(p.scalar_type() == at::kFloat, "amp::initialize needs fp32 parameters on entry, but '", name, "' is ",
+                p.scalar_type());
+    TORCH_CHECK(p.device() == device_, "amp::initialize needs all parameters on one device, but '", name, "' is on ",
+                p.device(), " and '", named[0].first, "' on ", device_);
+    name_of[p.unsafeGetTensorImpl()] = name;
   }
   // Every optimizer parameter must belong to the model.
   int64_t index = 0;
@@ -31,7 +40,7 @@ ParamSlots::ParamSlots(torch::nn::Module& module, const torch::optim::Optimizer&
     for (const auto& p : group.params()) {
       auto it = name_of.find(p.unsafeGetTensorImpl());
       TORCH_CHECK(it != name_of.end(), "amp::initialize: optimizer parameter ", index, " (shape ", p.sizes(),
-                  ") is not a parameter of the model");
+                  ") is not ", of_what);
       // Casting the model later keeps each parameter's TensorImpl (set_data), so the index stays valid.
       index_of_[p.unsafeGetTensorImpl()] = index;
       index_of_name_[it->second] = index;

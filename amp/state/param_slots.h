@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -29,6 +30,10 @@ class ParamSlots {
  public:
   /// Checks that the model has parameters, all fp32 on one device, and that every optimizer parameter is one of them.
   ParamSlots(torch::nn::Module& module, const torch::optim::Optimizer& optimizer);
+  /// The same over `named` tensors instead of a module's parameters (full sharding: the shards, named after their
+  /// units); `of_what` ends the refusal of a foreign optimizer parameter ("is not <of_what>").
+  ParamSlots(const std::vector<std::pair<std::string, at::Tensor>>& named, const torch::optim::Optimizer& optimizer,
+             const std::string& of_what);
 
   const c10::Device& device() const { return device_; }
   size_t size() const { return slots_.size(); }

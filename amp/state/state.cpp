@@ -25,8 +25,6 @@ std::set<const torch::optim::Optimizer*>& registry() {
   return optimizers;
 }
 
-void default_logger(const std::string& line) { std::cerr << line << std::endl; }
-
 torch::nn::Module& unwrapped(torch::nn::Module& module) {
   const std::string kind = module.name();
   TORCH_CHECK(kind.find("DataParallel") == std::string::npos,
@@ -36,6 +34,8 @@ torch::nn::Module& unwrapped(torch::nn::Module& module) {
 }
 
 }  // namespace
+
+void default_overflow_logger(const std::string& line) { std::cerr << line << std::endl; }
 
 StepProgress::StepProgress(const c10::Device& device)
     : found_inf(at::zeros({1}, at::TensorOptions().device(device))), outcome(std::make_unique<StepOutcome>(device)) {}
@@ -54,13 +54,8 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
       slots_(unwrapped(module), optimizer),
       losses_(policy_, slots_.device()),
       progress_(slots_.device()),
-      logger_(default_logger) {
-  {
-    std::lock_guard<std::mutex> lock(g_registry_mutex);
-    TORCH_CHECK(registry().insert(&optimizer).second,
-                "amp::initialize was already called with this optimizer: initialize each optimizer once "
-                "(see Note [one amp state per optimizer])");
-  }
+      logger_(default_overflow_logger) {
+  register_optimizer();
   // Masters are taken from the fp32 values before the model is cast, so they start exact (Apex copied them
   // back from the already rounded half parameters).
   std::vector<at::Tensor> fp32_values;
@@ -71,18 +66,28 @@ State::State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, cons
     cast_model_(module, policy_.cast_model_type, policy_.keep_batchnorm_fp32, policy_.keep_layernorm_fp32);
   }
   if (policy_.master_weights) slots_.create_masters(optimizer, fp32_values);
+  set_forward_policy();
+  owner_ = std::make_unique<ReplicatedGradients>(OwnerContext{slots_, optimizer, fused_, policy_, true});
+  if (policy_.fp8) {  // after the cast: the layers' FP8 state lives beside their (cast) weights
+    fp8_ = std::make_unique<Fp8State>(module, *policy_.fp8, slots_.device());
+    for (const auto& line : fp8_->report()) logger_(line);
+  }
+}
 
+void State::register_optimizer() {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  TORCH_CHECK(registry().insert(optimizer_).second,
+              "amp::initialize was already called with this optimizer: initialize each optimizer once "
+              "(see Note [one amp state per optimizer])");
+}
+
+void State::set_forward_policy() {
   forward_.autocast = policy_.autocast;
   forward_.cast_inputs = policy_.cast_model_type != at::kFloat;
   forward_.half_dtype = policy_.half_dtype;
   forward_.device_type = slots_.device().type();
   if (policy_.cast_model_type != at::kFloat && policy_.keep_layernorm_fp32) {
-    forward_.kept_norms = layer_and_group_norms(module);
-  }
-  owner_ = std::make_unique<ReplicatedGradients>(OwnerContext{slots_, optimizer, fused_, policy_, true});
-  if (policy_.fp8) {  // after the cast: the layers' FP8 state lives beside their (cast) weights
-    fp8_ = std::make_unique<Fp8State>(module, *policy_.fp8, slots_.device());
-    for (const auto& line : fp8_->report()) logger_(line);
+    forward_.kept_norms = layer_and_group_norms(*module_);
   }
 }
 

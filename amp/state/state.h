@@ -24,6 +24,7 @@
 
 namespace ddp {
 class DistributedDataParallel;
+class FullyShardedDataParallel;
 struct ReducedBucket;
 }  // namespace ddp
 
@@ -35,6 +36,9 @@ namespace detail {
 
 class ZeroShard;
 class Fp8State;
+
+/// Where overflow report lines go unless set_overflow_logger says otherwise: stderr.
+void default_overflow_logger(const std::string& line);
 
 /// The step in progress: what the scale_loss scopes since the last step() found, and the steps so far.
 struct StepProgress {
@@ -60,6 +64,9 @@ struct StepProgress {
 class State : public std::enable_shared_from_this<State> {
  public:
   State(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const Options& options);
+  /// Over a fully sharded model (amp/fsdp/, docs/fsdp.md): the optimizer's parameters are `fsdp`'s fp32 shards, which
+  /// are the master weights; the owner is a ShardedGradients. Refuses, in one line, what full sharding cannot take.
+  State(ddp::FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optimizer, const Options& options);
   ~State();
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -89,6 +96,8 @@ class State : public std::enable_shared_from_this<State> {
   /// The ZeRO shard (docs/zero.md) when attach() was given a stage, else null: for what only a sharded owner does
   /// (sharded checkpoints).
   ZeroShard* zero() const { return zero_; }
+  /// The FullyShardedDataParallel this state was initialized over, else null.
+  ddp::FullyShardedDataParallel* fully_sharded() const { return fsdp_; }
   /// The FP8 state (docs/fp8.md) when the options ask for FP8, else null.
   Fp8State* fp8() const { return fp8_.get(); }
   /// What the optimizer side holds on this rank (see HeldBytes).
@@ -113,10 +122,11 @@ class State : public std::enable_shared_from_this<State> {
 
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
-  /// Writes the model's state with fp32 values (masters where they exist), like Apex's model.state_dict().
+  /// Writes the model's state with fp32 values (masters where they exist), like Apex's model.state_dict(). Fully
+  /// sharded: the full values gathered from every rank's shards (collective; every rank gets the same archive).
   void save_model(torch::serialize::OutputArchive& archive) const;
   /// Reads a model state saved by save_model (or any fp32 state with the same names and shapes) into masters
-  /// and model tensors. Checks everything before changing anything.
+  /// and model tensors. Checks everything before changing anything. Fully sharded: each rank keeps its slices.
   void load_model(torch::serialize::InputArchive& archive);
   /// The checked (destination, value) copies load_model would make, without making them.
   std::vector<std::pair<at::Tensor, at::Tensor>> prepare_model_load(torch::serialize::InputArchive& archive);
@@ -134,9 +144,16 @@ class State : public std::enable_shared_from_this<State> {
   LossScopes losses_;
   StepProgress progress_;
   std::unique_ptr<GradientOwner> owner_;
-  ZeroShard* zero_ = nullptr;      ///< owner_, when it is a ZeroShard
-  std::unique_ptr<Fp8State> fp8_;  ///< Options::fp8
+  ZeroShard* zero_ = nullptr;                      ///< owner_, when it is a ZeroShard
+  ddp::FullyShardedDataParallel* fsdp_ = nullptr;  ///< the fully sharded model (owner_ is then a ShardedGradients)
+  std::unique_ptr<Fp8State> fp8_;                  ///< Options::fp8
   std::function<void(const std::string&)> logger_;
+
+  void register_optimizer();  ///< Note [one amp state per optimizer]
+  /// save_model / load_model of a fully sharded model (amp/fsdp/state_fully_sharded.cpp): collective.
+  void save_fully_sharded_model(torch::serialize::OutputArchive& archive) const;
+  void load_fully_sharded_model(torch::serialize::InputArchive& archive);
+  void set_forward_policy();
 };
 
 }  // namespace detail

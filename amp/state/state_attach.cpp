@@ -13,6 +13,9 @@
 namespace amp::detail {
 
 void State::attach(ddp::DistributedDataParallel& ddp, ZeroStage stage, ZeroPublish publish) {
+  TORCH_CHECK(fsdp_ == nullptr,
+              "amp: attach() over a fully sharded model: the FullyShardedDataParallel amp::initialize took reduces "
+              "the gradients itself; do not wrap it in DistributedDataParallel");
   TORCH_CHECK(ddp.module().get() == module_,
               "amp: attach() got a DistributedDataParallel that wraps a different module than the one "
               "amp::initialize prepared; wrap the initialized module itself");

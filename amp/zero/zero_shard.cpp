@@ -13,8 +13,8 @@
 #include <amp/loss_scaler.h>
 #include <amp/optim/fused_optimizer.h>
 #include <amp/state/param_slots.h>
+#include <amp/state/sharded_norm.h>
 #include <ddp/distributed_data_parallel.h>
-#include <kernels/multi_tensor/l2_norm.h>
 #include <kernels/multi_tensor/scaled_copy.h>
 
 namespace amp::detail {
@@ -254,23 +254,7 @@ void ZeroShard::zero_grad() {
 }
 
 at::Tensor ZeroShard::clip_grad_norm_(double max_norm, const at::Tensor& found_inf) {
-  const auto max_norm_f = static_cast<float>(max_norm);
-  TORCH_CHECK(max_norm_f > 0.0f, "max_norm must be > 0 (as a float32; +inf never clips), got ", max_norm);
-  const std::vector<at::Tensor> local = grads();
-  const auto fp64 = at::TensorOptions().dtype(at::kDouble).device(masters_.device());
-  // The sum of squares of this shard in fp64 (the l2 norm kernel's own accumulation), summed over the ranks.
-  at::Tensor sum_sq =
-      local.empty() ? at::zeros({1}, fp64) : kernels::l2_norm(local).total.to(at::kDouble).square().reshape({1});
-  pg_.allreduce_sum_(sum_sq, "ZeRO gradient norm allreduce");
-  const at::Tensor total = sum_sq.sqrt().to(at::kFloat).reshape({});
-  const at::Tensor finite = at::isfinite(total);
-  // Raise the flag to 1 (as kernels::clip_grad_norm_ does), never add to it: it stays 0 or 1.
-  found_inf.copy_(at::maximum(found_inf, finite.logical_not().to(at::kFloat).reshape({1})));
-  // kernels::clip_coefficient on the device: max_norm / (norm + eps) in fp32 when < 1, else 1; 1 when not finite.
-  at::Tensor coef = at::full({}, max_norm_f, total.options()).div(total.add(1e-6f)).clamp_max(1.0f);
-  coef = at::where(finite, coef, at::ones_like(coef));
-  for (const at::Tensor& g : local) const_cast<at::Tensor&>(g).mul_(coef);
-  return total;
+  return sharded_clip_grad_norm_(grads(), max_norm, found_inf, pg_, "ZeRO gradient norm allreduce");
 }
 
 int64_t ZeroShard::chunk_position(const Piece& p) const {

@@ -7,8 +7,6 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 
-#include <ddp/shard_layout.h>
-
 namespace ddp::detail {
 namespace {
 
@@ -30,7 +28,7 @@ void allocate_storage(const at::Tensor& t, size_t nbytes) {
 }  // namespace
 
 FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup pg,
-                   std::optional<c10::ScalarType> reduce_dtype)
+                   std::optional<c10::ScalarType> param_dtype, std::optional<c10::ScalarType> reduce_dtype)
     : name_(std::move(name)), pg_(std::move(pg)) {
   at::NoGradGuard no_grad;
   for (auto& [param_name, tensor] : params) {
@@ -38,28 +36,31 @@ FlatUnit::FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tens
     UnitParameter p;
     p.name = param_name;
     p.param = tensor;
-    p.offset = numel_;
-    numel_ += tensor.numel();
+    p.offset = (numel_ + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment;
+    numel_ = p.offset + tensor.numel();
     params_.push_back(std::move(p));
   }
-  const at::TensorOptions options =
+  // The shard keeps the parameters' dtype (the values the optimizer steps); the flat buffer, the gathered
+  // parameters and their gradients take param_dtype.
+  const at::TensorOptions shard_options =
       params_.empty() ? at::TensorOptions(at::kFloat) : params_.front().param.options().requires_grad(false);
+  const at::TensorOptions options =
+      shard_options.dtype(param_dtype.value_or(c10::typeMetaToScalarType(shard_options.dtype())));
   requires_grad_ = !params_.empty() && params_.front().param.requires_grad();
   reduce_dtype_ = reduce_dtype.value_or(c10::typeMetaToScalarType(options.dtype()));
   const int world = pg_.size();
   chunk_ = numel_ == 0 ? 0 : (numel_ + world - 1) / world;
-  chunk_ = (chunk_ + kShardAlignment - 1) / kShardAlignment * kShardAlignment;
-  full_ = at::zeros({chunk_ * world}, options);
+  chunk_ = (chunk_ + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment;
+  at::Tensor values = at::zeros({chunk_ * world}, shard_options);
+  for (const UnitParameter& p : params_) values.narrow(0, p.offset, p.param.numel()).copy_(p.param.reshape({-1}));
+  shard_ = values.narrow(0, pg_.rank() * chunk_, chunk_).clone().set_requires_grad(requires_grad_);
+  full_ = values.to(options.dtype());  // the same storage when the dtypes agree
   for (UnitParameter& p : params_) {
-    const at::Tensor values = p.param.detach();
-    p.full_view = at::empty({0}, options).set_(full_.storage(), p.offset, values.sizes(), {});
-    p.full_view.copy_(values);
+    p.full_view = at::empty({0}, options).set_(full_.storage(), p.offset, p.param.sizes(), {});
     p.empty = at::empty({0}, options);
   }
-  shard_ = full_.narrow(0, pg_.rank() * chunk_, chunk_).clone().set_requires_grad(requires_grad_);
   point_params_at(/*full=*/true);  // the old storages go: the flat buffer holds the values now
   state_ = State::kGathered;
-  reshard();
 }
 
 FlatUnit::~FlatUnit() { reset_pass(); }
@@ -80,8 +81,9 @@ void FlatUnit::start_gather() {
   state_ = State::kGathering;
   ++gathers_;
   if (chunk_ == 0) return;
-  at::Tensor input = shard_.detach();
-  gather_ = pg_.allgather_into_async(full_, input);
+  // Cast into a buffer of its own when param_dtype differs (kept until the gather ends), else the shard itself.
+  gather_input_ = shard_.scalar_type() == full_.scalar_type() ? shard_.detach() : shard_.detach().to(full_.dtype());
+  gather_ = pg_.allgather_into_async(full_, gather_input_);
 }
 
 void FlatUnit::wait_gathered() {
@@ -91,6 +93,7 @@ void FlatUnit::wait_gathered() {
     auto work = std::move(gather_);
     pg_.wait(work, "all-gather of " + label() + "'s parameters");
   }
+  gather_input_.reset();
   point_params_at(/*full=*/true);
   state_ = State::kGathered;
 }
@@ -101,6 +104,7 @@ void FlatUnit::reshard() {
     auto work = std::move(gather_);
     pg_.wait(work, "all-gather of " + label() + "'s parameters");
   }
+  gather_input_.reset();
   point_params_at(/*full=*/false);
   free_storage(full_);
   state_ = State::kSharded;
@@ -182,11 +186,14 @@ int64_t FlatUnit::reduction_bytes() const {
   return bytes;
 }
 
-at::Tensor FlatUnit::gather_flat() {
-  const bool was_sharded = state_ == State::kSharded;
-  wait_gathered();
-  at::Tensor flat = full_.clone();
-  if (was_sharded) reshard();
+at::Tensor FlatUnit::gather_flat() const {
+  at::NoGradGuard no_grad;
+  // The shards themselves, in their own dtype (not the gathered param_dtype copy): the values the optimizer stepped.
+  at::Tensor flat = at::empty({chunk_ * pg_.size()}, shard_.options().requires_grad(false));
+  if (chunk_ == 0) return flat;
+  at::Tensor input = shard_.detach();
+  auto work = pg_.allgather_into_async(flat, input);
+  pg_.wait(work, "all-gather of " + label() + "'s shards");
   return flat;
 }
 

@@ -18,6 +18,13 @@
 
 namespace ddp::detail {
 
+/// Every parameter starts at a multiple of this many elements in the flat buffer, and every shard is a multiple of it
+/// long: an element then sits at the same position within a vector block of the fused CPU optimizer kernels as in its
+/// own tensor (kernels/cpu/fused_optimizers_cpu.cpp: a block is two fp32 vectors, up to 32 elements, and an element's
+/// last bit can depend on which of the two it is in), so that the fused step on a shard computes each element as on
+/// the unsharded parameter. At most 31 elements of padding per parameter.
+constexpr int64_t kParameterAlignment = 32;
+
 /// A parameter of a unit: the model's tensor (it keeps its identity: set_data swaps what it views) and where it lies
 /// in the unit's flat buffer.
 struct UnitParameter {
@@ -25,7 +32,7 @@ struct UnitParameter {
   at::Tensor param;         ///< the model's parameter
   at::Tensor full_view;     ///< the parameter's shape over the flat buffer's storage (what it views when gathered)
   at::Tensor empty;         ///< a 0-element tensor (what it views when sharded)
-  int64_t offset = 0;       ///< its first element in the flat buffer
+  int64_t offset = 0;       ///< its first element in the flat buffer (a multiple of kParameterAlignment)
   bool grad_ready = false;  ///< its gradient was accumulated in this backward pass
 };
 
@@ -34,10 +41,11 @@ class FlatUnit {
   enum class State { kSharded, kGathering, kGathered };
 
   /// Takes the parameters' current values as the unit's (every rank must pass the same ones, in the same order:
-  /// checked by the caller), keeps this rank's shard and leaves the parameters sharded. The parameters share one
-  /// dtype and device (checked by the caller). `name`: for messages ("" for the root).
+  /// checked by the caller) and keeps this rank's shard, in the parameters' dtype; leaves the parameters gathered,
+  /// as views of the flat buffer in `param_dtype` (nullopt: their own), for the caller to hook and then reshard().
+  /// The parameters share one dtype and device (checked by the caller). `name`: for messages ("" for the root).
   FlatUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup pg,
-           std::optional<c10::ScalarType> reduce_dtype);
+           std::optional<c10::ScalarType> param_dtype, std::optional<c10::ScalarType> reduce_dtype);
   ~FlatUnit();
   FlatUnit(const FlatUnit&) = delete;
   FlatUnit& operator=(const FlatUnit&) = delete;
@@ -47,6 +55,7 @@ class FlatUnit {
   std::string label() const;
   std::vector<UnitParameter>& params() { return params_; }
   const std::vector<UnitParameter>& params() const { return params_; }
+  /// Elements of the flat layout: the parameters and the padding between them (not the padding at the end).
   int64_t numel() const { return numel_; }
   int64_t chunk() const { return chunk_; }
   /// This rank's shard: a 1-D leaf of chunk() elements (requires grad when the parameters do).
@@ -83,8 +92,9 @@ class FlatUnit {
   /// Bytes of the reduction's buffers while one is in flight, else 0.
   int64_t reduction_bytes() const;
 
-  /// The unit's full flat values (world * chunk elements, padding last): gathered now when sharded. Collective.
-  at::Tensor gather_flat();
+  /// The unit's full flat values in the shard's dtype (world * chunk elements, padding last): an all-gather of the
+  /// shards, whatever is gathered now. Collective.
+  at::Tensor gather_flat() const;
   /// Writes this rank's slice of `flat` (numel() or more elements) into the shard.
   void load_flat(const at::Tensor& flat);
 
@@ -98,10 +108,11 @@ class FlatUnit {
   int64_t chunk_ = 0;
   bool requires_grad_ = false;
   c10::ScalarType reduce_dtype_;
-  at::Tensor full_;   ///< world * chunk elements; its storage is freed while sharded
+  at::Tensor full_;   ///< world * chunk elements of param_dtype; its storage is freed while sharded
   at::Tensor shard_;  ///< the optimizer's parameter
   State state_ = State::kGathered;
   c10::intrusive_ptr<c10d::Work> gather_;
+  at::Tensor gather_input_;  ///< the shard cast to param_dtype while a gather is in flight
   size_t ready_ = 0;
   int64_t gathers_ = 0;
   at::Tensor reduction_;  ///< the collective's buffer while a reduction is in flight

@@ -20,10 +20,11 @@ namespace ddp {
 namespace {
 
 void check_options(const FullyShardOptions& o) {
-  if (o.reduce_dtype()) {
-    const c10::ScalarType t = *o.reduce_dtype();
+  for (const auto& [name, dtype] : {std::pair{"param_dtype", o.param_dtype()}, {"reduce_dtype", o.reduce_dtype()}}) {
+    if (!dtype) continue;
+    const c10::ScalarType t = *dtype;
     TORCH_CHECK(t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble,
-                "FullyShardedDataParallel: reduce_dtype must be Float, Half, BFloat16 or Double, got ", t);
+                "FullyShardedDataParallel: ", name, " must be Float, Half, BFloat16 or Double, got ", t);
   }
 }
 
@@ -165,15 +166,10 @@ void FullyShardedDataParallel::load_full_parameters(const std::vector<std::pair<
 }
 
 FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp) : fsdp_(fsdp) {
-  TORCH_CHECK(!fsdp_.run_->no_sync_guard_alive, "FullyShardedDataParallel::no_sync: a guard is already alive");
-  fsdp_.run_->no_sync_guard_alive = true;
   fsdp_.run_->set_sync(false);
 }
 
-FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() {
-  fsdp_.run_->set_sync(true);
-  fsdp_.run_->no_sync_guard_alive = false;
-}
+FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() { fsdp_.run_->set_sync(true); }
 
 std::vector<ShardedUnitInfo> FullyShardedDataParallel::units() const {
   std::vector<ShardedUnitInfo> out;

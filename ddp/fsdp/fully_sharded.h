@@ -37,8 +37,13 @@ struct FullyShardOptions {
   /// Gather the next unit's parameters while the current one computes (in forward the order of the first forward,
   /// in backward its reverse). Off: each unit gathers when it starts (a baseline for the overlap).
   TORCH_ARG(bool, prefetch) = true;
-  /// dtype gradients are reduce-scattered in: the parameters' own (nullopt), or kFloat / kDouble / kBFloat16 /
-  /// kHalf. The averaged gradient lands in the shard's dtype.
+  /// dtype the parameters are gathered and computed in (mixed precision, FSDP2's MixedPrecisionPolicy.param_dtype):
+  /// the parameters' own (nullopt), or kFloat / kDouble / kBFloat16 / kHalf. The shard keeps the parameters' dtype
+  /// (fp32 shards are the master copy the optimizer steps) and is cast as it is gathered; the model's parameters and
+  /// their gradients take param_dtype, and so must the inputs the model computes on (amp O2 casts them: docs/fsdp.md).
+  TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
+  /// dtype gradients are reduce-scattered in: the gradients' own (nullopt: param_dtype, else the parameters'), or
+  /// kFloat / kDouble / kBFloat16 / kHalf. The averaged gradient lands in the shard's dtype.
   TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
 };
 
@@ -47,10 +52,10 @@ struct FullyShardOptions {
 struct ShardedUnitInfo {
   std::string name;                          ///< "" for the root, else the unit's path in the module ("blocks.2")
   std::vector<std::string> parameter_names;  ///< the module's names of its parameters, in flat order
-  int64_t numel = 0;                         ///< elements of all its parameters
-  int64_t shard_numel = 0;                   ///< elements per rank (numel / world rounded up to 16; the last padded)
-  bool gathered = false;                     ///< whether its full parameters are allocated now
-  int64_t gathers = 0;                       ///< all-gathers of its parameters since construction (prefetches too)
+  int64_t numel = 0;        ///< elements of its flat layout: its parameters, each starting at a multiple of 32 elements
+  int64_t shard_numel = 0;  ///< elements per rank (numel / world rounded up to 32; the last padded)
+  bool gathered = false;    ///< whether its full parameters are allocated now
+  int64_t gathers = 0;      ///< all-gathers of its parameters since construction (prefetches too)
 };
 
 /// Data-parallel training of a model whose parameters are split among the ranks of `process_group` (one device per

@@ -35,8 +35,15 @@ void ShardedRun::shard(std::vector<FoundUnit> found) {
     TORCH_CHECK(!f.wrapper || !f.wrapper->attached_, "FullyShardedDataParallel: ddp::ShardedUnit '", f.name,
                 "' is sharded already, by another FullyShardedDataParallel");
   }
-  // The hooks first, while the parameters are full: a gradient accumulator keeps the shape it was created with and
-  // checks gradients against it; kept alive here, so that the one autograd uses is this one.
+  // The flat units first: they take the values and leave the parameters gathered, in param_dtype. Then the hooks,
+  // while the parameters are full and of the dtype they compute in: a gradient accumulator keeps the metadata it was
+  // created with and checks (and casts) gradients against it; kept alive here, so that the one autograd uses is this
+  // one (set_data between two views of one dtype keeps it). Then every unit is sharded.
+  for (FoundUnit& f : found) {
+    units_.push_back(
+        std::make_unique<FlatUnit>(f.name, f.params, pg_, options_.param_dtype(), options_.reduce_dtype()));
+    wrappers_.push_back(f.wrapper);
+  }
   for (size_t u = 0; u < found.size(); ++u) {
     for (size_t i = 0; i < found[u].params.size(); ++i) {
       const at::Tensor& param = found[u].params[i].second;
@@ -52,10 +59,7 @@ void ShardedRun::shard(std::vector<FoundUnit> found) {
       hooks_.emplace_back(std::move(accumulator), key);
     }
   }
-  for (FoundUnit& f : found) {
-    units_.push_back(std::make_unique<FlatUnit>(f.name, std::move(f.params), pg_, options_.reduce_dtype()));
-    wrappers_.push_back(f.wrapper);
-  }
+  for (auto& unit : units_) unit->reshard();
   for (size_t u = 0; u < found.size(); ++u) {
     if (found[u].wrapper) {
       found[u].wrapper->run_ = weak_from_this();
@@ -245,6 +249,7 @@ void ShardedRun::clear_pass() noexcept {
 
 void ShardedRun::set_sync(bool on) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  TORCH_CHECK(on || sync_, "FullyShardedDataParallel::no_sync: a guard is already alive");
   sync_ = on;
 }
 

@@ -56,9 +56,9 @@ class ShardedRun : public std::enable_shared_from_this<ShardedRun> {
   /// Whether the forward of some FullyShardedDataParallel of this process is running (for units it did not find).
   static bool forward_running();
 
+  /// Reductions off (FullyShardedDataParallel::NoSyncGuard) or on again; turning them off while off throws.
   void set_sync(bool on);
   bool sync() const { return sync_; }
-  bool no_sync_guard_alive = false;  ///< FullyShardedDataParallel::NoSyncGuard's flag
 
   const std::vector<std::unique_ptr<FlatUnit>>& units() const { return units_; }
   std::vector<std::unique_ptr<FlatUnit>>& units() { return units_; }
