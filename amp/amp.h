@@ -227,9 +227,10 @@ class FullyShardedModule {
 /// parameters fp32 (param_dtype unset). One loss scale and one overflow flag for all ranks (the flag is reduced over
 /// `fsdp`'s group once per scale_loss scope that unscales), clip_grad_norm_ over every rank's shards: scale_loss
 /// scopes, step() and amp::clip_grad_norm_ are collective (call them on every rank). Refused in one line: O3,
-/// keep_layernorm_fp32, BatchNorm kept fp32 under O2, FP8, LBFGS, a param_dtype other than the opt level's, and
-/// (not yet supported) amp checkpoints with the optimizer's state; model.save / model.load write and read the
-/// consolidated model. `fsdp` must outlive the returned objects.
+/// keep_layernorm_fp32, BatchNorm kept fp32 under O2, FP8, LBFGS, a param_dtype other than the opt level's.
+/// amp::save_checkpoint writes one consolidated file (with one of amp's fused optimizers) that loads at any world size
+/// and into an unsharded run; model.save / model.load write and read the consolidated model. `fsdp` must outlive the
+/// returned objects.
 inline Initialized<FullyShardedModule> initialize(ddp::FullyShardedDataParallel& fsdp,
                                                   torch::optim::Optimizer& optimizer,
                                                   const Options& options = Options()) {

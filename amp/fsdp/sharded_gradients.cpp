@@ -1,11 +1,15 @@
 #include <amp/fsdp/sharded_gradients.h>
 
+#include <algorithm>
+#include <unordered_map>
+
 #include <ATen/ATen.h>
 
 #include <amp/loss_scaler.h>
 #include <amp/optim/fused_optimizer.h>
 #include <amp/state/param_slots.h>
 #include <amp/state/sharded_norm.h>
+#include <ddp/fsdp/fully_sharded.h>
 
 namespace amp::detail {
 namespace {
@@ -17,12 +21,48 @@ Options::Resolved without_masters(Options::Resolved policy) {
 
 }  // namespace
 
-ShardedGradients::ShardedGradients(const OwnerContext& context, ddp::ProcessGroup pg)
+ShardedGradients::ShardedGradients(const OwnerContext& context, ddp::FullyShardedDataParallel& fsdp)
     : policy_(without_masters(context.policy)),
       shards_(OwnerContext{context.slots, context.optimizer, context.fused, policy_, context.untouched}),
       slots_(context.slots),
+      optimizer_(context.optimizer),
       fused_(context.fused),
-      pg_(std::move(pg)) {}
+      pg_(fsdp.process_group()) {
+  // Each slot's unit (by its shard), its place in the optimizer's groups, and its parameters' in the unsharded layout.
+  const std::vector<at::Tensor> shards = fsdp.parameters();
+  const std::vector<ddp::ShardedUnitInfo> all_units = fsdp.units();
+  std::vector<const ddp::ShardedUnitInfo*> unit_of_shard;
+  for (const ddp::ShardedUnitInfo& unit : all_units) {
+    if (unit.shard_numel > 0) unit_of_shard.push_back(&unit);
+  }
+  std::unordered_map<std::string, int64_t> module_position;
+  for (const auto& p : fsdp.module()->named_parameters(/*recurse=*/true)) {
+    module_position.emplace(p.key(), static_cast<int64_t>(module_position.size()));
+  }
+  layout_.resize(slots_.size());
+  size_t i = 0;
+  const auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<std::pair<int64_t, LaidOut*>> in_group;  // (module position, parameter)
+    for (size_t k = 0; k < groups[g].params().size(); ++k, ++i) {
+      ShardLayout& shard = layout_[i];
+      shard.group = static_cast<int64_t>(g);
+      shard.index = static_cast<int64_t>(k);
+      size_t u = 0;
+      while (!shards[u].is_same(slots_[i].model)) ++u;  // every slot is a shard: ParamSlots checked it
+      const ddp::ShardedUnitInfo& unit = *unit_of_shard[u];
+      shard.chunk = unit.shard_numel;
+      for (size_t q = 0; q < unit.parameter_names.size(); ++q) {
+        shard.params.push_back(LaidOut{unit.parameter_names[q], unit.parameter_shapes[q], unit.parameter_offsets[q]});
+      }
+    }
+    for (size_t s = i - groups[g].params().size(); s < i; ++s) {
+      for (LaidOut& p : layout_[s].params) in_group.emplace_back(module_position.at(p.name), &p);
+    }
+    std::sort(in_group.begin(), in_group.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t j = 0; j < in_group.size(); ++j) in_group[j].second->index = static_cast<int64_t>(j);
+  }
+}
 
 bool ShardedGradients::end_loss(LossScaler& scaler, bool reduce_flag) {
   shards_.end_loss(scaler, /*reduce_flag=*/false);

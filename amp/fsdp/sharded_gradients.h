@@ -3,6 +3,8 @@
 // The gradient owner of full sharding (Note [gradient owner] in amp/state/gradient_owner.h): amp over a
 // ddp::FullyShardedDataParallel. Internal: users go through amp::initialize(fsdp, ...) (amp/fsdp/fully_sharded_amp.h).
 
+#include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -13,6 +15,10 @@
 #include <amp/state/replicated_gradients.h>
 #include <ddp/process_group.h>
 
+namespace ddp {
+class FullyShardedDataParallel;
+}  // namespace ddp
+
 namespace amp::detail {
 
 /// The optimizer's parameters are the fp32 shards of a FullyShardedDataParallel (one flat 1-D tensor per unit): they
@@ -21,9 +27,15 @@ namespace amp::detail {
 /// applies to them unchanged (unscaled in place, stashed across losses, the fused step on the shards) with two
 /// differences: each rank checked only its slice, so the overflow flag is reduced over the ranks (MAX, one
 /// 1-element allreduce per scope that unscales), and clip_grad_norm_ takes the norm over every rank's shards.
-class ShardedGradients final : public GradientOwner {
+///
+/// Consolidated checkpoints (sharded_checkpoint.cpp) write the optimizer's state in the unsharded layout: in group g
+/// the parameters of the units whose shards group g holds, in the module's order, each entry shaped like its
+/// parameter (what the optimizer writes for the unsharded model built with one group per such set of units: one group
+/// over model->parameters() for a one-group optimizer). Needs one of amp's fused optimizers (their state is per
+/// element and named by field).
+class ShardedGradients final : public GradientOwner, public ShardedOwner {
  public:
-  ShardedGradients(const OwnerContext& context, ddp::ProcessGroup pg);
+  ShardedGradients(const OwnerContext& context, ddp::FullyShardedDataParallel& fsdp);
 
   void begin_loss(bool starts_cycle) override { shards_.begin_loss(starts_cycle); }
   /// No buckets: full sharding reduces each unit's gradients itself.
@@ -40,12 +52,35 @@ class ShardedGradients final : public GradientOwner {
   /// Nothing: the slots are the masters.
   void master_copies(const std::vector<at::Tensor>&, std::vector<std::pair<at::Tensor, at::Tensor>>&) const override {}
 
+  void save_consolidated_optimizer(torch::serialize::OutputArchive& archive) const override;
+  std::string shard_optimizer_archive(torch::serialize::InputArchive& full) const override;
+  int64_t count_failures(bool ok) const override;
+  int rank() const override { return pg_.rank(); }
+
  private:
+  /// A parameter of a unit in the consolidated layout.
+  struct LaidOut {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0;  ///< in the unit's flat layout
+    int64_t index = 0;   ///< j: its index in its group of the unsharded layout
+  };
+  /// A slot (one unit's shard) and where the optimizer and the unsharded layout hold it.
+  struct ShardLayout {
+    int64_t group = 0;  ///< g: the optimizer's param group
+    int64_t index = 0;  ///< its index in that group
+    int64_t chunk = 0;  ///< elements per rank
+    std::vector<LaidOut> params;
+  };
+  void check_fused(const char* what) const;
+
   Options::Resolved policy_;  ///< the opt level's, without master weights: the shards are fp32 already
   ReplicatedGradients shards_;
   const ParamSlots& slots_;
+  torch::optim::Optimizer& optimizer_;
   FusedOptimizer* fused_;
   ddp::ProcessGroup pg_;
+  std::vector<ShardLayout> layout_;  ///< per slot
 };
 
 }  // namespace amp::detail

@@ -91,8 +91,9 @@ State::State(ddp::FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optim
     cast_model_(*module_, policy_.cast_model_type, policy_.keep_batchnorm_fp32, policy_.keep_layernorm_fp32);
   }
   set_forward_policy();
-  owner_ =
-      std::make_unique<ShardedGradients>(OwnerContext{slots_, optimizer, fused_, policy_, true}, fsdp.process_group());
+  auto owner = std::make_unique<ShardedGradients>(OwnerContext{slots_, optimizer, fused_, policy_, true}, fsdp);
+  sharded_owner_ = owner.get();
+  owner_ = std::move(owner);
 }
 
 void State::save_fully_sharded_model(torch::serialize::OutputArchive& archive) const {
@@ -105,7 +106,8 @@ void State::save_fully_sharded_model(torch::serialize::OutputArchive& archive) c
   }
 }
 
-void State::load_fully_sharded_model(torch::serialize::InputArchive& archive) {
+std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_fully_sharded_model_load(
+    torch::serialize::InputArchive& archive) {
   std::vector<std::pair<std::string, at::Tensor>> values;
   for (const ddp::ShardedUnitInfo& unit : fsdp_->units()) {
     for (const std::string& name : unit.parameter_names) {
@@ -114,17 +116,16 @@ void State::load_fully_sharded_model(torch::serialize::InputArchive& archive) {
       values.emplace_back(name, value.to(at::kFloat));
     }
   }
-  std::vector<std::pair<at::Tensor, at::Tensor>> buffers;
+  // Each unit's shard and this rank's slice of the values; every shape checked first.
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies = fsdp_->shard_copies(values);
   for (const auto& b : module_->named_buffers(true)) {
     at::Tensor value;
     TORCH_CHECK(archive.try_read(b.key(), value, /*is_buffer=*/true), "model checkpoint has no '", b.key(), "'");
     TORCH_CHECK(value.sizes() == b.value().sizes(), "model checkpoint has '", b.key(), "' with shape ", value.sizes(),
                 " but the model's is ", b.value().sizes());
-    buffers.emplace_back(b.value(), value);
+    copies.emplace_back(b.value(), value);
   }
-  fsdp_->load_full_parameters(values);  // checks every shape before it writes a shard
-  at::NoGradGuard no_grad;
-  for (auto& [dest, value] : buffers) dest.copy_(value);
+  return copies;
 }
 
 }  // namespace amp::detail

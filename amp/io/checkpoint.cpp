@@ -66,13 +66,13 @@ constexpr size_t kMaxExtraNameLength = 64;
   throw c10::Error("checkpoint '" + path + "': " + one_line(what));
 }
 
-/// Refuses a fully sharded model (amp::initialize over a FullyShardedDataParallel): its optimizer state is kept
-/// per unit and flat, in a layout these checkpoints do not write yet.
+/// Refuses a fully sharded model (amp::initialize over a FullyShardedDataParallel) in save_checkpoint_sharded: its
+/// shards are not laid out as ZeRO's pieces, which the sharded files hold.
 void refuse_fully_sharded(const std::string& path, const State& state) {
   if (state.fully_sharded() == nullptr) return;
   fail(path,
-       "amp checkpoints of a fully sharded model (the optimizer's state included) are not supported yet: save "
-       "the model alone with model.save (consolidated; every rank calls it)");
+       "sharded checkpoints (a file per rank) of a fully sharded model are not supported yet: use "
+       "amp::save_checkpoint (one consolidated file, which loads at any world size)");
 }
 
 /// Runs `f`, re-reporting any exception as one line that names the file (and `context`, when given).
@@ -269,7 +269,6 @@ std::function<void()> load_checked_parts(const std::string& path, State& state, 
 }  // namespace
 
 void save_checkpoint(const std::string& path, State& state, const CheckpointExtras& extras) {
-  refuse_fully_sharded(path, state);
   state.wait_for_parameters();  // Note [deferred publish]: the model as the last step() left it
   std::string extra_names;
   for (const auto& entry : extras) {
@@ -280,11 +279,11 @@ void save_checkpoint(const std::string& path, State& state, const CheckpointExtr
     extra_names += entry.first + "\n";
   }
   torch::serialize::OutputArchive model, optimizer, amp_state, all;
-  ZeroShard* const zero = state.zero();
+  ShardedOwner* const sharded = state.sharded_owner();
   checked(path, "cannot save it: ", [&] {
-    state.save_model(model);  // ZeRO: the masters gathered from every rank (collective)
-    if (zero != nullptr) {
-      zero->save_consolidated_optimizer(optimizer);  // in the unsharded layout (collective)
+    state.save_model(model);  // ZeRO, full sharding: the values gathered from every rank (collective)
+    if (sharded != nullptr) {
+      sharded->save_consolidated_optimizer(optimizer);  // in the unsharded layout (collective)
     } else {
       state.optimizer().save(optimizer);
     }
@@ -299,27 +298,27 @@ void save_checkpoint(const std::string& path, State& state, const CheckpointExtr
       for (const auto& [name, bytes] : extras) write_entry(all, kExtraPrefix + name, bytes);
     }
   });
-  // ZeRO: rank 0 writes the consolidated file, and every rank learns whether that worked.
+  // Sharded: rank 0 writes the consolidated file, and every rank learns whether that worked.
   std::string failure;
-  if (zero == nullptr || zero->rank() == 0) {
+  if (sharded == nullptr || sharded->rank() == 0) {
     try {
       save_archive_atomically(all, path);
     } catch (const std::exception& e) {
       failure = exception_line(e);  // write_file_atomically's message names the path already
-      if (zero == nullptr) throw c10::Error(failure);
+      if (sharded == nullptr) throw c10::Error(failure);
     }
   }
-  if (zero != nullptr && zero->count_failures(failure.empty()) > 0) {
+  if (sharded != nullptr && sharded->count_failures(failure.empty()) > 0) {
     fail(path, failure.empty() ? std::string("rank 0 could not write it") : failure);
   }
 }
 
 void load_checkpoint(const std::string& path, State& state, CheckpointExtras* extras) {
-  refuse_fully_sharded(path, state);
   // Note [deferred publish]: a pending all-gather reads the send buffers the load rewrites and would overwrite the
   // loaded parameters.
   state.wait_for_parameters();
   ZeroShard* const zero = state.zero();
+  ShardedOwner* const sharded = state.sharded_owner();
   if (is_sharded_index(path)) {
     if (zero == nullptr) {
       fail(path,
@@ -329,12 +328,12 @@ void load_checkpoint(const std::string& path, State& state, CheckpointExtras* ex
     load_sharded(path, state, *zero, extras);
     return;
   }
-  if (zero == nullptr) {
+  if (sharded == nullptr) {
     load_checked_parts(path, state, extras);
     return;
   }
-  // ZeRO: every rank reads the (consolidated) file and takes its shard; a failure on any rank fails every rank,
-  // and nothing changes anywhere (the optimizer is restored where it had been loaded).
+  // ZeRO, full sharding: every rank reads the (consolidated) file and takes its shard; a failure on any rank fails
+  // every rank, and nothing changes anywhere (the optimizer is restored where it had been loaded).
   std::string failure;
   torch::serialize::OutputArchive before;
   state.optimizer().save(before);
@@ -344,7 +343,7 @@ void load_checkpoint(const std::string& path, State& state, CheckpointExtras* ex
   } catch (const std::exception& e) {
     failure = exception_line(e);
   }
-  const int64_t failed = zero->count_failures(failure.empty());
+  const int64_t failed = sharded->count_failures(failure.empty());
   if (failed == 0) {
     apply();
     return;
@@ -369,11 +368,12 @@ std::function<void()> load_checked_parts(const std::string& path, State& state, 
   // Check model and amp parts without changing anything; then the optimizer, restored on failure; then apply.
   auto model_copies = checked(path, "", [&] { return state.prepare_model_load(parts.model); });
   checked(path, "", [&] { state.validate_amp_state(parts.amp); });
-  torch::serialize::InputArchive sharded;  // ZeRO: this rank's pieces of the unsharded optimizer state
-  torch::serialize::InputArchive& optimizer_part = state.zero() != nullptr ? sharded : parts.optimizer;
-  if (state.zero() != nullptr) {
+  torch::serialize::InputArchive sharded;  // ZeRO, full sharding: this rank's part of the unsharded optimizer state
+  ShardedOwner* const owner = state.sharded_owner();
+  torch::serialize::InputArchive& optimizer_part = owner != nullptr ? sharded : parts.optimizer;
+  if (owner != nullptr) {
     const std::string bytes = checked(path, "its optimizer part does not fit this " + loading + ": ",
-                                      [&] { return state.zero()->shard_optimizer_archive(parts.optimizer); });
+                                      [&] { return owner->shard_optimizer_archive(parts.optimizer); });
     sharded.load_from(bytes.data(), bytes.size(), state.device());
   }
   torch::serialize::OutputArchive before;

@@ -4,11 +4,13 @@
 // in amp/state/state.h), the one a new data parallel mode replaces. Internal: users go through amp::Optimizer.
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
 
 #include <amp/options.h>
 #include <amp/zero/zero.h>
@@ -89,6 +91,22 @@ class GradientOwner {
   /// Appends the (destination, value) copies that put full fp32 `values` (one per slot) into the masters held here.
   virtual void master_copies(const std::vector<at::Tensor>& values,
                              std::vector<std::pair<at::Tensor, at::Tensor>>& out) const = 0;
+};
+
+/// A gradient owner whose optimizer state is split among the ranks (ZeroShard, ShardedGradients): what the
+/// consolidated checkpoints (amp/io/checkpoint.cpp) ask of it. Every call but rank() is collective.
+class ShardedOwner {
+ public:
+  virtual ~ShardedOwner() = default;
+  /// Every parameter's optimizer state assembled from all ranks in the unsharded layout (`group<g>.<field>.<j>` for
+  /// the parameter's index j in group g): what the optimizer's save() writes for the unsharded model.
+  virtual void save_consolidated_optimizer(torch::serialize::OutputArchive& archive) const = 0;
+  /// From an archive in the unsharded layout, this rank's part, as the bytes of an archive the optimizer's load()
+  /// takes. Checks every entry's size first; changes nothing. Not collective.
+  virtual std::string shard_optimizer_archive(torch::serialize::InputArchive& full) const = 0;
+  /// How many ranks pass ok = false (one allreduce): every rank takes the same decision.
+  virtual int64_t count_failures(bool ok) const = 0;
+  virtual int rank() const = 0;
 };
 
 /// Bytes of the distinct storages behind `tensors` (undefined ones skipped).

@@ -96,6 +96,9 @@ class State : public std::enable_shared_from_this<State> {
   /// The ZeRO shard (docs/zero.md) when attach() was given a stage, else null: for what only a sharded owner does
   /// (sharded checkpoints).
   ZeroShard* zero() const { return zero_; }
+  /// The owner, when its optimizer state is split among the ranks (ZeRO, full sharding), else null: what the
+  /// consolidated checkpoints gather and split.
+  ShardedOwner* sharded_owner() const { return sharded_owner_; }
   /// The FullyShardedDataParallel this state was initialized over, else null.
   ddp::FullyShardedDataParallel* fully_sharded() const { return fsdp_; }
   /// The FP8 state (docs/fp8.md) when the options ask for FP8, else null.
@@ -146,13 +149,16 @@ class State : public std::enable_shared_from_this<State> {
   std::unique_ptr<GradientOwner> owner_;
   ZeroShard* zero_ = nullptr;                      ///< owner_, when it is a ZeroShard
   ddp::FullyShardedDataParallel* fsdp_ = nullptr;  ///< the fully sharded model (owner_ is then a ShardedGradients)
+  ShardedOwner* sharded_owner_ = nullptr;          ///< owner_, when it is a ZeroShard or a ShardedGradients
   std::unique_ptr<Fp8State> fp8_;                  ///< Options::fp8
   std::function<void(const std::string&)> logger_;
 
   void register_optimizer();  ///< Note [one amp state per optimizer]
-  /// save_model / load_model of a fully sharded model (amp/fsdp/state_fully_sharded.cpp): collective.
+  /// save_model / prepare_model_load of a fully sharded model (amp/fsdp/state_fully_sharded.cpp); the save is
+  /// collective.
   void save_fully_sharded_model(torch::serialize::OutputArchive& archive) const;
-  void load_fully_sharded_model(torch::serialize::InputArchive& archive);
+  std::vector<std::pair<at::Tensor, at::Tensor>> prepare_fully_sharded_model_load(
+      torch::serialize::InputArchive& archive);
   void set_forward_policy();
 };
 

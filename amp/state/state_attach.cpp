@@ -32,6 +32,7 @@ void State::attach(ddp::DistributedDataParallel& ddp, ZeroStage stage, ZeroPubli
     auto shard =
         std::make_unique<ZeroShard>(OwnerContext{slots_, *optimizer_, fused_, policy_, untouched}, ddp, stage, publish);
     zero_ = shard.get();
+    sharded_owner_ = shard.get();
     owner_ = std::move(shard);
   }
   if (fp8_ != nullptr) fp8_->set_process_group(&ddp.process_group());

@@ -74,16 +74,13 @@ void State::save_model(torch::serialize::OutputArchive& archive) const {
 }
 
 void State::load_model(torch::serialize::InputArchive& archive) {
-  if (fsdp_ != nullptr) return load_fully_sharded_model(archive);
   auto assignments = prepare_model_load(archive);
   at::NoGradGuard no_grad;
   for (auto& [dest, value] : assignments) dest.copy_(value);
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> State::prepare_model_load(torch::serialize::InputArchive& archive) {
-  TORCH_CHECK(fsdp_ == nullptr,
-              "amp checkpoints of a fully sharded model (the optimizer's state included) are not "
-              "supported yet: save and load the model alone with model.save / model.load");
+  if (fsdp_ != nullptr) return prepare_fully_sharded_model_load(archive);
   // Note [deferred publish]: a pending all-gather reads the send buffers and would overwrite the loaded parameters.
   wait_for_parameters();
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, fp32 value)

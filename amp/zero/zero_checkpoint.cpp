@@ -14,18 +14,13 @@
 
 #include <amp/optim/fused_optimizer.h>
 #include <amp/state/param_slots.h>
+#include <amp/state/saved_optimizer.h>
 
 namespace amp::detail {
 
 void ZeroShard::save_consolidated_optimizer(torch::serialize::OutputArchive& archive) const {
-  // This rank's pieces as the optimizer saves them, read back by key.
-  torch::serialize::OutputArchive own;
-  optimizer_.save(own);
-  std::ostringstream bytes;
-  own.save_to(bytes);
-  const std::string text = bytes.str();
-  torch::serialize::InputArchive in;
-  in.load_from(text.data(), text.size());
+  torch::serialize::InputArchive in;  // this rank's pieces as the optimizer saves them
+  read_back_saved_state(optimizer_, in);
   for (const std::string& field : fused_->state_fields()) {
     const bool scalar = field == "step";
     // Per element: the value, and 1 where the piece has this entry (a parameter gets state at its first gradient).

@@ -37,7 +37,7 @@ namespace amp::detail {
 ///
 /// The gradient owner of ZeRO stages 1 and 2 (Note [gradient owner] in amp/state/gradient_owner.h): State::attach
 /// puts it in place of the replicated owner, which it takes the slots' masters from.
-class ZeroShard final : public GradientOwner {
+class ZeroShard final : public GradientOwner, public ShardedOwner {
  public:
   /// Needs one of amp's fused optimizers, an untouched state, and fp32 masters (O0-O2); shards along `ddp`'s buckets
   /// (frozen here), rewrites the optimizer's param groups to hold this rank's pieces, and drops the slots' masters.
@@ -84,10 +84,10 @@ class ZeroShard final : public GradientOwner {
   // world size, and into plain DDP + amp and back.
   /// Every parameter's optimizer state assembled from all ranks' pieces in the unsharded layout (`group<g>.<field>.<j>`
   /// for the parameter's index j in group g): what the optimizer's save() writes without ZeRO. Collective.
-  void save_consolidated_optimizer(torch::serialize::OutputArchive& archive) const;
+  void save_consolidated_optimizer(torch::serialize::OutputArchive& archive) const override;
   /// From an archive in the unsharded layout, this rank's pieces, as the bytes of an archive the optimizer's load()
   /// takes. Checks every entry's size first; changes nothing.
-  std::string shard_optimizer_archive(torch::serialize::InputArchive& full) const;
+  std::string shard_optimizer_archive(torch::serialize::InputArchive& full) const override;
   /// Appends the (destination, value) copies that put full fp32 `values` (one per slot) into this rank's masters and
   /// the send buffers (what a skipped next step all-gathers).
   void master_copies(const std::vector<at::Tensor>& values,
@@ -126,8 +126,8 @@ class ZeroShard final : public GradientOwner {
   /// Rank 0's `value` on every rank (one broadcast). Collective.
   int64_t broadcast_from_root(int64_t value) const;
   /// How many ranks pass ok = false (one allreduce): every rank takes the same decision. Collective.
-  int64_t count_failures(bool ok) const;
-  int rank() const { return pg_.rank(); }
+  int64_t count_failures(bool ok) const override;
+  int rank() const override { return pg_.rank(); }
 
  private:
   struct Piece {

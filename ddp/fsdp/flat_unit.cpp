@@ -197,12 +197,4 @@ at::Tensor FlatUnit::gather_flat() const {
   return flat;
 }
 
-void FlatUnit::load_flat(const at::Tensor& flat) {
-  at::NoGradGuard no_grad;
-  reshard();  // gathered values would be the old ones
-  at::Tensor padded = at::zeros({chunk_ * pg_.size()}, shard_.options());
-  padded.narrow(0, 0, numel_).copy_(flat.narrow(0, 0, numel_));
-  shard_.copy_(padded.narrow(0, pg_.rank() * chunk_, chunk_));
-}
-
 }  // namespace ddp::detail

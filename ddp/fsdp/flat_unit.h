@@ -95,8 +95,6 @@ class FlatUnit {
   /// The unit's full flat values in the shard's dtype (world * chunk elements, padding last): an all-gather of the
   /// shards, whatever is gathered now. Collective.
   at::Tensor gather_flat() const;
-  /// Writes this rank's slice of `flat` (numel() or more elements) into the shard.
-  void load_flat(const at::Tensor& flat);
 
  private:
   void point_params_at(bool full);

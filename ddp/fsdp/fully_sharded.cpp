@@ -146,12 +146,16 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_p
   return out;
 }
 
-void FullyShardedDataParallel::load_full_parameters(const std::vector<std::pair<std::string, at::Tensor>>& values) {
+std::vector<std::pair<at::Tensor, at::Tensor>> FullyShardedDataParallel::shard_copies(
+    const std::vector<std::pair<std::string, at::Tensor>>& values) const {
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> by_name(values.begin(), values.end());
-  std::vector<at::Tensor> flats;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  const int world = run_->process_group().size();
+  const int rank = run_->process_group().rank();
   for (const auto& unit : run_->units()) {  // everything checked before anything changes
-    at::Tensor flat = at::zeros({unit->numel()}, unit->shard().options().requires_grad(false));
+    if (unit->chunk() == 0) continue;
+    at::Tensor flat = at::zeros({unit->chunk() * world}, unit->shard().options().requires_grad(false));
     for (const detail::UnitParameter& p : unit->params()) {
       const auto it = by_name.find(p.name);
       TORCH_CHECK(it != by_name.end(), "FullyShardedDataParallel::load_full_parameters: no value for parameter '",
@@ -160,9 +164,16 @@ void FullyShardedDataParallel::load_full_parameters(const std::vector<std::pair<
                   p.name, "' has shape ", it->second.sizes(), ", the model's is ", p.full_view.sizes());
       flat.narrow(0, p.offset, p.full_view.numel()).copy_(it->second.reshape({-1}));
     }
-    flats.push_back(std::move(flat));
+    copies.emplace_back(unit->shard(), flat.narrow(0, rank * unit->chunk(), unit->chunk()));
   }
-  for (size_t u = 0; u < flats.size(); ++u) run_->units()[u]->load_flat(flats[u]);
+  return copies;
+}
+
+void FullyShardedDataParallel::load_full_parameters(const std::vector<std::pair<std::string, at::Tensor>>& values) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies = shard_copies(values);
+  at::NoGradGuard no_grad;
+  for (auto& unit : run_->units()) unit->reshard();  // gathered values would be the old ones
+  for (auto& [shard, value] : copies) shard.copy_(value);
 }
 
 FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp) : fsdp_(fsdp) {
@@ -176,7 +187,11 @@ std::vector<ShardedUnitInfo> FullyShardedDataParallel::units() const {
   for (const auto& unit : run_->units()) {
     ShardedUnitInfo info;
     info.name = unit->name();
-    for (const detail::UnitParameter& p : unit->params()) info.parameter_names.push_back(p.name);
+    for (const detail::UnitParameter& p : unit->params()) {
+      info.parameter_names.push_back(p.name);
+      info.parameter_shapes.push_back(p.full_view.sizes().vec());
+      info.parameter_offsets.push_back(p.offset);
+    }
     info.numel = unit->numel();
     info.shard_numel = unit->chunk();
     info.gathered = unit->state() != detail::FlatUnit::State::kSharded;

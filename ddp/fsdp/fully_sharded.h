@@ -52,6 +52,8 @@ struct FullyShardOptions {
 struct ShardedUnitInfo {
   std::string name;                          ///< "" for the root, else the unit's path in the module ("blocks.2")
   std::vector<std::string> parameter_names;  ///< the module's names of its parameters, in flat order
+  std::vector<std::vector<int64_t>> parameter_shapes;  ///< their full shapes
+  std::vector<int64_t> parameter_offsets;              ///< their first elements in the flat layout
   int64_t numel = 0;        ///< elements of its flat layout: its parameters, each starting at a multiple of 32 elements
   int64_t shard_numel = 0;  ///< elements per rank (numel / world rounded up to 32; the last padded)
   bool gathered = false;    ///< whether its full parameters are allocated now
@@ -129,6 +131,10 @@ class FullyShardedDataParallel {
   /// Writes full values (named as full_parameters() names them; every one must be given) into the shards: each rank
   /// keeps its own slice. Not collective. Throws naming the first missing or misshapen one, changing nothing.
   void load_full_parameters(const std::vector<std::pair<std::string, at::Tensor>>& values);
+  /// The copies load_full_parameters(values) makes, checked and not made: (a unit's shard, this rank's slice of its
+  /// values), one per unit that has parameters. Copying them loads the values (the forward after regathers).
+  std::vector<std::pair<at::Tensor, at::Tensor>> shard_copies(
+      const std::vector<std::pair<std::string, at::Tensor>>& values) const;
 
   /// Backward passes inside the scope do not reduce: the full gradients accumulate on every rank (their memory
   /// stays), and the first backward after the scope reduces the sum (gradient accumulation, as no_sync()). Local.

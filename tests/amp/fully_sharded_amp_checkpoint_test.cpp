@@ -1,0 +1,139 @@
+// Checkpoints of amp over full sharding (docs/fsdp.md, "Checkpoints"): amp::save_checkpoint writes one consolidated
+// file (the model's full fp32 values and the optimizer's state in the unsharded layout); it resumes full sharding bit
+// for bit, resumes DDP + amp bit for bit (full sharding trains like it), and loads at another world size and into one
+// process. Gloo on CPU, forked ranks.
+
+#include <unistd.h>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <amp/amp.h>
+#include <amp/optim/fused_optimizers.h>
+#include <ddp/fsdp/fully_sharded.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "amp/fully_sharded_amp_test_util.h"
+#include "ddp/ddp_test_util.h"
+#include "ddp/fully_sharded_test_util.h"
+#include "test_util.h"
+
+namespace {
+
+using fsdp_test::Net;
+using namespace fsdp_amp_test;
+
+/// Same values and losses, bit for bit (a NaN loss equal to a NaN).
+void check_same(const AmpRun& a, const AmpRun& b, const std::string& what) {
+  TORCH_CHECK(a.losses.size() == b.losses.size(), what, ": ", a.losses.size(), " and ", b.losses.size(), " steps");
+  for (size_t s = 0; s < a.losses.size(); ++s) {
+    TORCH_CHECK(std::memcmp(&a.losses[s], &b.losses[s], sizeof(float)) == 0, what, ": loss ", s, " is ", a.losses[s],
+                " and ", b.losses[s]);
+  }
+  TORCH_CHECK(a.skipped == b.skipped, what, ": other steps were skipped");
+  TORCH_CHECK(a.values.size() == b.values.size(), what, ": parameter counts differ");
+  for (size_t i = 0; i < a.values.size(); ++i) {
+    TORCH_CHECK(a.values[i].first == b.values[i].first && torch::equal(a.values[i].second, b.values[i].second), what,
+                ": ", a.values[i].first, " differs");
+  }
+}
+
+/// The masters and the FusedAdamW state of `path` loaded into one process, unsharded, under amp.
+std::vector<torch::Tensor> loaded_in_one_process(const std::string& path, const AmpSetup& setup) {
+  Net net = fsdp_test::make_net(21, 0, /*sharded=*/false);
+  amp::FusedAdamW inner(net->parameters(), amp::FusedAdamOptions(1e-2).weight_decay(1e-2));
+  auto [model, optimizer] = amp::initialize(net, inner, setup.options());
+  amp::load_checkpoint(path, model, optimizer);
+  std::vector<torch::Tensor> out;
+  for (const auto& slot : optimizer.state().slots()) out.push_back(slot.master.detach().clone());
+  for (const auto& t : inner.state_tensors()) out.push_back(t.detach().clone());
+  return out;
+}
+
+// Train 10 steps straight; and 5, save, then from a fresh model (other initial values) load and train 5 more: full
+// sharding, and DDP + amp from the same file, end bit for bit where the straight run ends (a skipped step among the
+// resumed ones). The file loads at 4 ranks and into one process, which hold what the 2 ranks held.
+TEST(FullyShardedAmpCheckpointTest, ResumesBitForBitIntoFullShardingAndDdpAmpAtAnyWorldSize) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("fsdp.pt");
+  const std::string again = dir.file("fsdp_at_4.pt");
+  AmpSetup setup;
+  setup.steps = 10;
+  ddp_test::run_ranks(
+      [&](int rank, const ddp::ProcessGroup& pg) {
+        const AmpRun straight = train_fsdp(pg, rank, setup);
+        AmpSetup first = setup;
+        first.steps = 5;
+        train_fsdp(pg, rank, first, [&](ShardedModel& model, amp::Optimizer& optimizer) {
+          amp::save_checkpoint(path, model, optimizer);
+        });
+        AmpSetup rest = setup;
+        rest.first_step = 5;
+        const auto load = [&](amp::Optimizer& optimizer) { amp::detail::load_checkpoint(path, optimizer.state()); };
+        const AmpRun resumed = train_fsdp(pg, rank, rest, nullptr, load, /*seed=*/99);
+        AmpRun tail = straight;
+        tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
+        tail.skipped.erase(tail.skipped.begin(), tail.skipped.begin() + 5);
+        TORCH_CHECK(tail.skipped[2] == 1, "rank ", rank, ": the straight run did not skip step 7");
+        check_same(resumed, tail, "rank " + std::to_string(rank) + ": full sharding resumed");
+        const AmpRun ddp = train_ddp(pg, rank, rest, load);
+        check_same(ddp, tail, "rank " + std::to_string(rank) + ": DDP + amp resumed from full sharding's file");
+      },
+      2);
+  // At 4 ranks: load and save again; the second file holds what the first does.
+  ddp_test::run_ranks(
+      [&](int rank, const ddp::ProcessGroup& pg) {
+        AmpSetup none = setup;
+        none.steps = 0;
+        train_fsdp(
+            pg, rank, none,
+            [&](ShardedModel& model, amp::Optimizer& optimizer) { amp::save_checkpoint(again, model, optimizer); },
+            [&](amp::Optimizer& optimizer) { amp::detail::load_checkpoint(path, optimizer.state()); }, /*seed=*/5);
+      },
+      4);
+  const std::vector<torch::Tensor> at_2 = loaded_in_one_process(path, setup);
+  const std::vector<torch::Tensor> at_4 = loaded_in_one_process(again, setup);
+  ASSERT_EQ(at_2.size(), at_4.size());
+  ASSERT_GT(at_2.size(), 16u) << "no optimizer state was loaded";
+  for (size_t i = 0; i < at_2.size(); ++i) EXPECT_TRUE(torch::equal(at_2[i], at_4[i])) << "tensor " << i;
+}
+
+// What cannot be loaded is refused in one line on every rank, and nothing changes: a plain torch::optim optimizer
+// (its state cannot be split into parameters), a sharded checkpoint (one file per rank).
+TEST(FullyShardedAmpCheckpointTest, WhatCannotBeSavedIsRefusedInOneLine) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string path = dir.file("fsdp.pt");
+  ddp_test::run_ranks(
+      [&](int rank, const ddp::ProcessGroup& pg) {
+        AmpSetup setup;
+        setup.opt = Opt::kSgd;
+        setup.steps = 1;
+        std::string sgd_error, sharded_error;
+        train_fsdp(pg, rank, setup, [&](ShardedModel& model, amp::Optimizer& optimizer) {
+          try {
+            amp::save_checkpoint(path, model, optimizer);
+          } catch (const c10::Error& e) {
+            sgd_error = e.what_without_backtrace();
+          }
+          try {
+            amp::detail::save_checkpoint_sharded(path, optimizer.state(), {});
+          } catch (const c10::Error& e) {
+            sharded_error = e.what_without_backtrace();
+          }
+        });
+        TORCH_CHECK(sgd_error.find("needs one of amp's fused optimizers") != std::string::npos &&
+                        sgd_error.find('\n') == std::string::npos,
+                    "rank ", rank, ": a torch::optim optimizer: '", sgd_error, "'");
+        TORCH_CHECK(sharded_error.find("sharded checkpoints (a file per rank) of a fully sharded model are not "
+                                       "supported yet") != std::string::npos,
+                    "rank ", rank, ": save_checkpoint_sharded: '", sharded_error, "'");
+      },
+      2);
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << "a refused save left a file";
+}
+
+}  // namespace
