@@ -17,70 +17,40 @@
 #include <ddp/sync_batch_norm.h>
 #include <fmt/format.h>
 
+#include "common/amp_flags.h"
 #include "common/ddp_worker.h"
 #include "common/preemption.h"
 #include "common/small_cnn.h"
 
 namespace {
 
-struct AmpFlags {
-  std::string opt_level = "O1";
-  std::string dtype = "auto";  // fp16 on CUDA, bf16 on the CPU (which has no fast fp16)
-  std::string optimizer = "sgd";
+struct AmpDdpFlags {
   int local_rank = 0;  // the legacy launcher's --local_rank
   int zero = 0;        // ZeRO stage
   std::string fp8 = "off";
 };
-
-constexpr double kAdamWeightDecay = 1e-2;
-constexpr double kAdamWDefaultLr = 1e-3;  // --lr without the flag, for adamw (SGD's 0.05 makes Adam diverge)
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name, examples::SmallCnn& net, double lr) {
-  if (name == "adamw") {
-    return std::make_unique<amp::FusedAdamW>(net->parameters(),
-                                             amp::FusedAdamOptions(lr).weight_decay(kAdamWeightDecay));
-  }
-  return std::make_unique<amp::FusedSGD>(net->parameters(), amp::FusedSgdOptions(lr).momentum(examples::kSgdMomentum));
-}
-
-std::string optimizer_description(const std::string& name) {
-  if (name == "adamw") return fmt::format("FusedAdamW weight decay {}", kAdamWeightDecay);
-  return examples::sgd_description("FusedSGD");
-}
-
-c10::ScalarType half_dtype(const std::string& name, const torch::Device& device) {
-  if (name == "auto") return device.is_cuda() ? at::kHalf : at::kBFloat16;
-  return name == "fp16" ? at::kHalf : at::kBFloat16;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   examples::CommonFlags flags;
   examples::DdpFlags ddp_flags;
-  AmpFlags amp_flags;
+  examples::AmpFlags amp_flags;
+  AmpDdpFlags more;
   CLI::App app{"Apex-style mixed precision + DDP on Fashion-MNIST, started by ddp-launch or torchrun"};
   examples::add_common_flags(app, flags);
   examples::add_ddp_flags(app, ddp_flags);
-  examples::add_local_rank_flag(app, amp_flags.local_rank);
-  app.add_option("--opt-level", amp_flags.opt_level, "O0 (fp32), O1 (autocast), O2 (half model, fp32 masters), O3")
-      ->check(CLI::IsMember({"O0", "O1", "O2", "O3"}));
-  app.add_option("--dtype", amp_flags.dtype, "Half dtype: fp16, bf16, or auto: fp16 on CUDA, bf16 on the CPU")
-      ->check(CLI::IsMember({"auto", "fp16", "bf16"}));
-  app.add_option("--optimizer", amp_flags.optimizer, "amp::FusedSGD (sgd) or amp::FusedAdamW (adamw)")
-      ->check(CLI::IsMember({"sgd", "adamw"}));
-  app.add_option("--zero", amp_flags.zero,
+  examples::add_local_rank_flag(app, more.local_rank);
+  examples::add_amp_flags(app, amp_flags, flags);
+  app.add_option("--zero", more.zero,
                  "ZeRO stage: 0 (off), 1 (shard fp32 masters and optimizer state), 2 (also reduce-scatter gradients)")
       ->check(CLI::IsMember({0, 1, 2}));
-  app.add_option("--fp8", amp_flags.fp8,
+  app.add_option("--fp8", more.fp8,
                  "FP8 GEMMs in the CNN's Float8Linear layers (O1/O2): off, delayed (Transformer Engine's recipe) or "
                  "current scaling (docs/fp8.md)")
       ->check(CLI::IsMember({"off", "delayed", "current"}));
-  app.get_option("--lr")
-      ->default_str(fmt::format("sgd:{},adamw:{}", flags.lr, kAdamWDefaultLr))
-      ->description("Learning rate (> 0, finite); without it, the --optimizer's: 0.05 for sgd, 0.001 for adamw");
   if (const auto status = examples::parse_flags(app, argc, argv)) return *status;
-  if (amp_flags.optimizer == "adamw" && app.get_option("--lr")->count() == 0) flags.lr = kAdamWDefaultLr;
+  examples::apply_amp_lr_default(app, amp_flags, flags);
 
   return examples::run_main("amp_ddp", [&] {
     examples::check_common_flags(flags);
@@ -95,12 +65,13 @@ int main(int argc, char** argv) {
     const int64_t train_samples = data.train.images.size(0);
     examples::SmallCnn net(examples::SmallCnnOptions().sync_batch_norm(ddp_flags.sync_batch_norm));
     net->to(device);
-    auto inner = make_optimizer(amp_flags.optimizer, net, flags.lr);
+    auto inner = examples::make_amp_optimizer(amp_flags.optimizer, net->parameters(), flags.lr);
     auto initialized = amp::initialize(
-        net, *inner, examples::amp_options(amp_flags.opt_level, half_dtype(amp_flags.dtype, device), amp_flags.fp8));
+        net, *inner,
+        examples::amp_options(amp_flags.opt_level, examples::half_dtype(amp_flags.dtype, device), more.fp8));
     auto& model = initialized.model;  // (not a structured binding: the lambdas below capture them)
     auto& optimizer = initialized.optimizer;
-    const auto zero_stage = static_cast<amp::ZeroStage>(amp_flags.zero);
+    const auto zero_stage = static_cast<amp::ZeroStage>(more.zero);
     const bool zero = zero_stage != amp::ZeroStage::kNone;
     std::optional<run::RunState> saved;    // the run state travels in the amp checkpoint as an extra
     if (!flags.resume.empty() && !zero) {  // model + optimizer + amp (ZeRO: after attach, below)
@@ -132,11 +103,12 @@ int main(int argc, char** argv) {
       header.processes = rank.world_size;
       header.backend = group.backend_name();
       header.where = "device " + device.str() + " on rank 0";
-      header.precision = amp_flags.opt_level + " " + examples::dtype_name(half_dtype(amp_flags.dtype, device));
-      header.optimizer = optimizer_description(amp_flags.optimizer);
+      header.precision =
+          amp_flags.opt_level + " " + examples::dtype_name(examples::half_dtype(amp_flags.dtype, device));
+      header.optimizer = examples::amp_optimizer_description(amp_flags.optimizer);
       header.extras = std::string(ddp_flags.sync_batch_norm ? " | SyncBatchNorm over all ranks" : "") +
-                      (zero ? fmt::format(" | ZeRO stage {}", amp_flags.zero) : std::string()) +
-                      (amp_flags.fp8 != "off" ? fmt::format(" | FP8 {} scaling", amp_flags.fp8) : std::string());
+                      (zero ? fmt::format(" | ZeRO stage {}", more.zero) : std::string()) +
+                      (more.fp8 != "off" ? fmt::format(" | FP8 {} scaling", more.fp8) : std::string());
       header_line = examples::run_header_line(flags, data, header);
       if (rank.rank == 0) fmt::print("{}\n", header_line);  // the first line, before a resume's "resuming at ..."
     }

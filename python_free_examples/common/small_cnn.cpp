@@ -29,14 +29,19 @@ void SmallCnnImpl::reset() {
   conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(kChannels1, kChannels2, 3).padding(1)));
   bn2 = batch_norm(kChannels2, options.sync_batch_norm());
   register_module("bn2", bn2.ptr());
-  fc1 = register_module("fc1", amp::Float8Linear(kChannels2 * kPooledSide * kPooledSide, kHidden));
+  fc1 = amp::Float8Linear(kChannels2 * kPooledSide * kPooledSide, kHidden);
+  if (options.sharded_fc1()) {
+    fc1_unit = register_module("fc1", ddp::ShardedUnit(fc1));
+  } else {
+    register_module("fc1", fc1);
+  }
   fc2 = register_module("fc2", amp::Float8Linear(kHidden, kClasses));
 }
 
 torch::Tensor SmallCnnImpl::forward(torch::Tensor x) {
   x = torch::max_pool2d(torch::relu(bn1.forward(conv1(x))), 2);
   x = torch::max_pool2d(torch::relu(bn2.forward(conv2(x))), 2);
-  x = torch::relu(fc1(x.flatten(1)));
+  x = torch::relu(options.sharded_fc1() ? fc1_unit(x.flatten(1)) : fc1(x.flatten(1)));
   return fc2(x);
 }
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <amp/nn/float8_linear.h>
+#include <ddp/fsdp/sharded_unit.h>
 
 namespace examples {
 
@@ -12,6 +13,9 @@ struct SmallCnnOptions {
   /// group, set after joining it with ddp::set_sync_batch_norm_process_group. Parameter and buffer names stay
   /// those of BatchNorm2d, so checkpoints move between the two.
   TORCH_ARG(bool, sync_batch_norm) = false;
+  /// fc1 (3136 -> 128, 95% of the parameters) in a ddp::ShardedUnit: under ddp::FullyShardedDataParallel its
+  /// parameters are gathered only while it runs (amp_fsdp). The names stay "fc1.weight", "fc1.bias".
+  TORCH_ARG(bool, sharded_fc1) = false;
 };
 
 /// The tutorial's "model = ...": a small CNN for 28x28 grey images, 10 classes.
@@ -32,6 +36,8 @@ struct SmallCnnImpl : torch::nn::Cloneable<SmallCnnImpl> {
   /// amp::Float8Linear: exactly torch::nn::Linear until amp::Options::fp8 turns their GEMMs to FP8 (fc2, 128 -> 10,
   /// stays out: 10 is not a multiple of 16).
   amp::Float8Linear fc1{nullptr}, fc2{nullptr};
+  /// With options.sharded_fc1(): the unit around fc1, registered as "fc1" in its place; forward() calls it.
+  ddp::ShardedUnit fc1_unit{nullptr};
 };
 TORCH_MODULE(SmallCnn);
 

@@ -33,7 +33,8 @@ using example_test::ProcessResult;
 
 struct FaultCase {
   std::string name;
-  std::vector<std::string> flags;  // amp_ddp's own, beyond the quick settings
+  std::vector<std::string> flags;             // the program's own, beyond the quick settings
+  std::string program = LTA_EXAMPLE_AMP_DDP;  // amp_ddp, or amp_fsdp
 };
 
 void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
@@ -51,8 +52,8 @@ std::vector<std::string> command(const FaultCase& c, const std::string& dir, boo
     argv.insert(argv.end(), {"--max-restarts", "1", "--hang-timeout-s", std::to_string(kHangTimeoutS)});
   }
   argv.insert(argv.end(),
-              {LTA_EXAMPLE_AMP_DDP, "--synthetic", "--limit-train", "128", "--batch-size", "16", "--device", "cpu",
-               "--seed", "3", "--epochs", "2", "--checkpoint-dir", dir, "--save-every", "1", "--keep-last", "2"});
+              {c.program, "--synthetic", "--limit-train", "128", "--batch-size", "16", "--device", "cpu", "--seed", "3",
+               "--epochs", "2", "--checkpoint-dir", dir, "--save-every", "1", "--keep-last", "2"});
   argv.insert(argv.end(), c.flags.begin(), c.flags.end());
   return argv;
 }
@@ -142,7 +143,8 @@ INSTANTIATE_TEST_SUITE_P(AmpDdp, KilledRankTest,
                          ::testing::Values(FaultCase{"O2", {"--opt-level", "O2"}},
                                            FaultCase{"O2ZeroStage2", {"--opt-level", "O2", "--zero", "2"}},
                                            FaultCase{"O2SyncBatchNorm", {"--opt-level", "O2", "--sync-bn"}},
-                                           FaultCase{"O2Fp8Delayed", {"--opt-level", "O2", "--fp8", "delayed"}}),
+                                           FaultCase{"O2Fp8Delayed", {"--opt-level", "O2", "--fp8", "delayed"}},
+                                           FaultCase{"O2FullySharded", {"--opt-level", "O2"}, LTA_EXAMPLE_AMP_FSDP}),
                          [](const ::testing::TestParamInfo<FaultCase>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(AmpDdp, StoppedRankTest,
