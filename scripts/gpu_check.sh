@@ -119,7 +119,7 @@ gpu_regex='Cuda|Gpu|Nccl|MixedDevices|OnAnotherDevice'
 cpu_only_regex='SyncBatchNormTest\.CountsForTheCudaBackward'
 # The dry run's stand-ins for the never-run checks, on the CPU: the SyncBatchNorm and ZeRO device tests' own checks
 # with threads as ranks over Gloo, and our FP8 GEMM against ATen's _scaled_mm. (CUDA graphs have no CPU twin.)
-cpu_twin_regex='SyncBatchNormTest\.TheDeviceTestChecksPassWithThreadsAsRanksOnTheCpu|ZeroThreadRanksTest\.|Fp8GemmCpuTest\.|FullyShardedThreadRanksTest\.'
+cpu_twin_regex='SyncBatchNormTest\.TheDeviceTestChecksPassWithThreadsAsRanksOnTheCpu|ZeroThreadRanksTest\.|Fp8GemmCpuTest\.|FullyShardedThreadRanksTest\.|FullyShardedAmpThreadRanksTest\.'
 test_targets=(test_kernels test_ddp test_amp)
 bench_headline_targets=(bench_amp_vs_fp32 bench_fp8_linear)
 bench_kernel_targets=(bench_unscale bench_fused_adamw bench_amp_overhead bench_fused_dense bench_l2_norm

@@ -31,19 +31,6 @@ namespace {
 using fsdp_test::Net;
 using namespace fsdp_amp_test;
 
-/// Largest |a - b| / max|b| per tensor, over the tensors.
-double max_relative_difference(const AmpRun& a, const AmpRun& b) {
-  TORCH_CHECK(a.values.size() == b.values.size(), "different parameter counts");
-  double worst = 0;
-  for (size_t i = 0; i < a.values.size(); ++i) {
-    TORCH_CHECK(a.values[i].first == b.values[i].first, "parameter ", i, " is ", a.values[i].first, " and ",
-                b.values[i].first);
-    const auto x = a.values[i].second.to(torch::kDouble), y = b.values[i].second.to(torch::kDouble);
-    worst = std::max(worst, (x - y).abs().max().item<double>() / y.abs().max().item<double>());
-  }
-  return worst;
-}
-
 bool bit_identical(const AmpRun& a, const AmpRun& b) {
   if (a.values.size() != b.values.size()) return false;
   for (size_t i = 0; i < a.values.size(); ++i) {

@@ -4,6 +4,7 @@
 // the options, the loop, and one run through DDP + amp and through amp over full sharding, on the residual MLP of
 // ddp/fully_sharded_test_util.h.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -35,9 +36,10 @@ struct AmpSetup {
   amp::OptLevel level = amp::OptLevel::O2;
   Opt opt = Opt::kFusedAdamW;
   bool clip = false;
-  int first_step = 0;  // a resumed run starts later
-  int steps = 12;      // the step it stops before
-  int inf_step = 7;    // a step whose input on rank 1 holds an inf: every rank skips it
+  int first_step = 0;                  // a resumed run starts later
+  int steps = 12;                      // the step it stops before
+  int inf_step = 7;                    // a step whose input on rank 1 holds an inf: every rank skips it
+  torch::Device device = torch::kCPU;  // where the model and the batches live
   amp::Options options() const {
     return amp::Options().opt_level(level).half_dtype(torch::kBFloat16).dynamic_loss_scale();
   }
@@ -59,7 +61,7 @@ void train_loop(const AmpSetup& setup, int rank, amp::Optimizer& optimizer, Forw
   for (int s = setup.first_step; s < setup.steps; ++s) {
     optimizer.zero_grad();
     auto loss_of = [&](int micro, bool plant_inf) {
-      fsdp_test::Batch b = fsdp_test::batch(3, rank, 2 * s + micro);
+      fsdp_test::Batch b = fsdp_test::batch(3, rank, 2 * s + micro, setup.device);
       if (plant_inf) b.x[0][0] = std::numeric_limits<float>::infinity();
       return torch::mse_loss(forward(b.x), b.y);
     };
@@ -90,7 +92,7 @@ using Hook = std::function<void(amp::Optimizer&)>;
 /// DDP + amp, attached: every bucket reduced in fp32 and unscaled into the optimizer's gradients. Every rank builds
 /// rank 0's model: DDP starts the ranks from rank 0's parameters, but amp::initialize took the fp32 masters before.
 inline AmpRun train_ddp(const ddp::ProcessGroup& pg, int rank, const AmpSetup& setup, const Hook& before = nullptr) {
-  Net net = fsdp_test::make_net(3, /*rank=*/0, /*sharded=*/false);
+  Net net = fsdp_test::make_net(3, /*rank=*/0, /*sharded=*/false, setup.device);
   auto inner = make_optimizer(setup.opt, net->parameters());
   auto [model, optimizer] = amp::initialize(net, *inner, setup.options());
   ddp::DistributedDataParallel ddp(net, pg, ddp::DistributedDataParallelOptions().allreduce_dtype(torch::kFloat));
@@ -103,7 +105,7 @@ inline AmpRun train_ddp(const ddp::ProcessGroup& pg, int rank, const AmpSetup& s
       [&] { return ddp.no_sync(); }, run);
   const auto named = net->named_parameters();
   for (size_t i = 0; i < named.size(); ++i) {
-    run.values.emplace_back(named[i].key(), optimizer.state().slots()[i].master.detach().clone());
+    run.values.emplace_back(named[i].key(), optimizer.state().slots()[i].master.detach().cpu().clone());
   }
   return run;
 }
@@ -123,7 +125,7 @@ using ShardedModel = amp::Model<amp::FullyShardedModule>;
 inline AmpRun train_fsdp(const ddp::ProcessGroup& pg, int rank, const AmpSetup& setup,
                          const std::function<void(ShardedModel&, amp::Optimizer&)>& after = nullptr,
                          const Hook& before = nullptr, uint64_t seed = 3) {
-  Net net = fsdp_test::make_net(seed, rank, /*sharded=*/true);
+  Net net = fsdp_test::make_net(seed, rank, /*sharded=*/true, setup.device);
   ddp::FullyShardedDataParallel fsdp(net, pg, fsdp_options(setup));
   auto inner = make_optimizer(setup.opt, fsdp.parameters());
   auto [model, optimizer] = amp::initialize(fsdp, *inner, setup.options());
@@ -133,8 +135,22 @@ inline AmpRun train_fsdp(const ddp::ProcessGroup& pg, int rank, const AmpSetup& 
       setup, rank, optimizer, [&](const torch::Tensor& x) { return model.forward(x); }, [&] { return fsdp.no_sync(); },
       run);
   run.values = fsdp.full_parameters();
+  for (auto& [name, value] : run.values) value = value.cpu();
   if (after) after(model, optimizer);
   return run;
+}
+
+/// Largest |a - b| / max|b| per tensor, over the parameters (throws when the names differ).
+inline double max_relative_difference(const AmpRun& a, const AmpRun& b) {
+  TORCH_CHECK(a.values.size() == b.values.size(), "different parameter counts");
+  double worst = 0;
+  for (size_t i = 0; i < a.values.size(); ++i) {
+    TORCH_CHECK(a.values[i].first == b.values[i].first, "parameter ", i, " is ", a.values[i].first, " and ",
+                b.values[i].first);
+    const auto x = a.values[i].second.to(torch::kDouble), y = b.values[i].second.to(torch::kDouble);
+    worst = std::max(worst, (x - y).abs().max().item<double>() / y.abs().max().item<double>());
+  }
+  return worst;
 }
 
 }  // namespace fsdp_amp_test
