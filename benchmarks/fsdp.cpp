@@ -1,24 +1,21 @@
 // Question: what does full sharding (ddp::FullyShardedDataParallel, ZeRO stage 3) hold per rank, and what does a
-// training iteration cost, against DDP on the same model? FP32 with torch::optim::AdamW (full sharding has no amp
-// yet), Gloo on the CPU, forked local ranks.
+// training iteration cost, against DDP on the same model? FP32 with torch::optim::AdamW (with amp: bench_fsdp_amp),
+// Gloo on the CPU, forked local ranks.
 //
 // Memory: the transformer-shaped stack of bench_zero (~100 M parameters at --full), each block one unit. After one
 // iteration each rank counts tensor storage: DDP's parameters, gradients, buckets kept between steps and AdamW's two
 // moments; full sharding's shards, their gradients and the moments of the shards, and the most bytes of full
 // parameters gathered at once and of full-size gradient buffers in reduction at once during the iteration. Each
 // mode runs in processes of its own, so the peak resident size (getrusage, the most over the ranks) is that mode's;
-// it includes building the full model before it is sharded. The formula: (4 + 4 + 8) Ψ / N for full sharding plus
-// the gathered units and the gradient buffers in reduction, against (4 + 4 + 4 + 8) Ψ.
+// it includes building the full model before it is sharded (also given above what the rank held when it started, to
+// compare with benchmarks/peers/torch_fsdp_peer.py --memory, a Python process). The formula: (4 + 4 + 8) Ψ / N for full
+// sharding plus the gathered units and the gradient buffers in reduction, against (4 + 4 + 4 + 8) Ψ.
 //
 // Iteration time: a smaller stack, 2 ranks, DDP and full sharding (default options, then without prefetch)
 // interleaved round by round on the same data, medians. An iteration is zero_grad, forward, backward and step.
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,12 +31,14 @@
 
 #include "common/block_stack.h"
 #include "common/command_line.h"
+#include "common/memory_cap.h"
 #include "common/timing.h"
 
 namespace {
 
+using bench::mib;
+using bench::peak_rss;
 using bench::Stack;
-using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kTimeout{600000};
 constexpr double kStepGoal = 1.3;
 
@@ -56,7 +55,6 @@ struct Setup {
   std::unique_ptr<ddp::DistributedDataParallel> ddp_net;
   std::unique_ptr<ddp::FullyShardedDataParallel> fsdp;
   std::unique_ptr<torch::optim::AdamW> adam;
-  std::vector<double> iteration_seconds;
 };
 
 std::unique_ptr<Setup> make_setup(const ddp::ProcessGroup& pg, Mode mode, int64_t d, int layers) {
@@ -113,17 +111,9 @@ Bytes measure(Setup& s) {
   return b;
 }
 
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
-
-/// Peak resident size of this process so far, bytes.
-int64_t peak_rss() {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
-}
-
 void memory(int world, Mode mode, int64_t d, int layers) {
   ddp::spawn(world, [&](int, int) {
+    const int64_t start_rss = bench::current_rss();
     at::set_num_threads(1);
     const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));
     const auto x = torch::randn({2, 8, d});
@@ -134,64 +124,37 @@ void memory(int world, Mode mode, int64_t d, int layers) {
     int64_t params = 0;
     for (const auto& p : bench::Stack(d, 1)->parameters()) params += p.numel();
     params *= layers;
-    auto rss = torch::tensor({static_cast<double>(peak_rss())}, torch::kDouble);
+    auto rss =
+        torch::tensor({static_cast<double>(peak_rss()), static_cast<double>(peak_rss() - start_rss)}, torch::kDouble);
     pg.allreduce_max_(rss, "peak RSS");
     if (pg.rank() != 0) return;
     const double psi = static_cast<double>(params);
     const double formula = mode == Mode::kDdp ? 20 * psi : 16 * psi / world;
     fmt::print(
-        "| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.0f} |\n",
+        "| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.3f} | {:.0f} ({:.0f} "
+        "above the rank's start) |\n",
         world, mode_name(mode), psi / 1e6, mib(b.params), mib(b.grads), mib(b.buckets), mib(b.adam), mib(b.gathered),
         mib(b.reducing), mib(b.total()), static_cast<double>(b.total() - b.gathered - b.reducing) / formula,
-        rss.item<double>() / (1024.0 * 1024.0));
+        mib(static_cast<int64_t>(rss[0].item<double>())), mib(static_cast<int64_t>(rss[1].item<double>())));
   });
-}
-
-/// Moves this process into a memory cgroup of its own limited to `cap_mib` (cgroup v1 at /sys/fs/cgroup/memory,
-/// root only): past it the kernel's OOM killer ends the process. Returns the cgroup's folder.
-std::string enter_memory_cap(int64_t cap_mib, const std::string& name) {
-  const std::string folder = "/sys/fs/cgroup/memory/" + name;
-  ::mkdir(folder.c_str(), 0755);
-  const auto write = [&](const std::string& file, const std::string& value) {
-    std::ofstream out(folder + "/" + file);
-    out << value;
-    out.flush();
-    return static_cast<bool>(out);
-  };
-  const std::string bytes = std::to_string(cap_mib * 1024 * 1024);
-  TORCH_CHECK(write("memory.limit_in_bytes", bytes), "--cap-mib: cannot limit ", folder,
-              " (needs root and cgroup v1's memory controller at /sys/fs/cgroup/memory)");
-  write("memory.memsw.limit_in_bytes", bytes);  // no swap past the cap, where the kernel accounts swap
-  TORCH_CHECK(write("cgroup.procs", std::to_string(::getpid())), "--cap-mib: cannot join ", folder);
-  return folder;
 }
 
 /// `steps` iterations of `mode` on `world` ranks, each rank in a cgroup capped at `cap_mib`; prints what happened.
 void capped_run(int world, Mode mode, int64_t d, int layers, int64_t cap_mib, int steps) {
-  const std::string prefix = "lta_bench_fsdp_" + std::to_string(::getpid()) + "_";
-  std::string outcome;
-  try {
-    ddp::spawn(world, [&](int rank, int) {
-      enter_memory_cap(cap_mib, prefix + std::to_string(rank));
-      at::set_num_threads(1);
-      const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));
-      const auto x = torch::randn({2, 8, d});
-      auto s = make_setup(pg, mode, d, layers);
-      for (int i = 0; i < steps; ++i) iteration(*s, x);
-      auto rss = torch::tensor({static_cast<double>(peak_rss())}, torch::kDouble);
-      pg.allreduce_max_(rss, "peak RSS");
-      if (pg.rank() == 0) {
-        fmt::print("{}: trained {} iterations under the cap; peak RSS {:.0f} MiB (the most over the ranks)\n",
-                   mode_name(mode), steps, rss.item<double>() / (1024.0 * 1024.0));
-      }
-    });
-  } catch (const c10::Error& e) {
-    outcome = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    outcome = e.what();
-  }
-  for (int rank = 0; rank < world; ++rank) ::rmdir(("/sys/fs/cgroup/memory/" + prefix + std::to_string(rank)).c_str());
-  if (!outcome.empty()) fmt::print("{}: did not train under the cap: {}\n", mode_name(mode), outcome);
+  const std::string failed = bench::spawn_capped(world, cap_mib, [&](int, int) {
+    at::set_num_threads(1);
+    const ddp::ProcessGroup pg = ddp::init_process_group(ddp::InitOptions().timeout(kTimeout));
+    const auto x = torch::randn({2, 8, d});
+    auto s = make_setup(pg, mode, d, layers);
+    for (int i = 0; i < steps; ++i) iteration(*s, x);
+    auto rss = torch::tensor({static_cast<double>(peak_rss())}, torch::kDouble);
+    pg.allreduce_max_(rss, "peak RSS");
+    if (pg.rank() == 0) {
+      fmt::print("{}: trained {} iterations under the cap; peak RSS {:.0f} MiB (the most over the ranks)\n",
+                 mode_name(mode), steps, mib(static_cast<int64_t>(rss.item<double>())));
+    }
+  });
+  if (!failed.empty()) fmt::print("{}: did not train under the cap: {}\n", mode_name(mode), failed);
 }
 
 void iteration_time(int64_t d, int layers, int64_t tokens, int rounds, int iterations_per_sample, int threads) {
@@ -205,15 +168,10 @@ void iteration_time(int64_t d, int layers, int64_t tokens, int rounds, int itera
     torch::manual_seed(1 + static_cast<uint64_t>(pg.rank()));
     const auto x = torch::randn({tokens, d});
     for (auto& s : setups) iteration(*s, x);  // warm-up
-    for (int r = 0; r < rounds; ++r) {
-      for (auto& s : setups) {
-        pg.barrier();
-        const auto start = Clock::now();
-        for (int k = 0; k < iterations_per_sample; ++k) iteration(*s, x);
-        s->iteration_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count() /
-                                       iterations_per_sample);
-      }
-    }
+    std::vector<std::function<void()>> runs;
+    for (auto& s : setups) runs.emplace_back([&s, &x] { iteration(*s, x); });
+    const auto seconds = bench::time_rounds_on_ranks(
+        runs, [&] { pg.barrier(); }, rounds, iterations_per_sample);
     if (pg.rank() != 0) return;
     int64_t params = 0;
     for (const auto& p : setups[0]->net->parameters()) params += p.numel();
@@ -222,16 +180,9 @@ void iteration_time(int64_t d, int layers, int64_t tokens, int rounds, int itera
         "{:.1f} M parameters in {} units, {} tokens per rank, median of {} rounds of {} iterations [min, max of the "
         "per-round ratios]\n| setup | iteration ms | x DDP |\n|---|---|---|\n",
         threads, static_cast<double>(params) / 1e6, layers, tokens, rounds, iterations_per_sample);
-    const auto& base = setups[0]->iteration_seconds;
-    double ratio = 0;  // full sharding's median per-round ratio
-    for (const auto& s : setups) {
-      std::vector<double> ratios;
-      for (size_t i = 0; i < base.size(); ++i) ratios.push_back(s->iteration_seconds[i] / base[i]);
-      if (s->mode == Mode::kFsdp) ratio = bench::median(ratios);
-      fmt::print("| {} | {:.2f} | {:.3f}x [{:.3f}, {:.3f}] |\n", mode_name(s->mode),
-                 bench::median(s->iteration_seconds) * 1e3, bench::median(ratios),
-                 *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
-    }
+    std::vector<std::string> names;
+    for (const auto& s : setups) names.emplace_back(mode_name(s->mode));
+    const double ratio = bench::print_ratio_rows(names, seconds)[1];  // full sharding's
     fmt::print("full sharding: {:.3f}x DDP's iteration (goal <= {:.1f}x: {})\n", ratio, kStepGoal,
                ratio <= kStepGoal ? "met" : "NOT met");
   });

@@ -2,8 +2,11 @@
 // transformer): trains benchmarks/common's TinyTransformer on its synthetic bigram tokens under one precision and
 // parallel configuration and prints the held-out next-token loss, next to the lowest loss any model can reach on
 // that data (the bigram rule's entropy). Started like amp_ddp, by a launcher (one process: FP32 and the
-// precision configurations; 2 or 4: DDP and ZeRO):
+// precision configurations; 2 or 4: DDP, ZeRO and full sharding):
 //   ddp-launch --nproc-per-node 2 bench_validate_transformer --opt-level O2 --dtype bf16 --zero 1 --seed 1
+//   ddp-launch --nproc-per-node 2 bench_validate_transformer --opt-level O2 --fsdp --seed 1
+// --fsdp: full sharding (docs/fsdp.md) instead of DDP, each block a ddp::ShardedUnit, amp over it (O2 gathers the
+// blocks in the half dtype from fp32 shards); every rank takes part in the held-out evaluation (its forwards gather).
 // The recipe: --steps steps of --global-batch-size sequences (split evenly among the processes, so every process
 // count takes the same sequences per step), amp::FusedAdamW (torch's AdamW: weight decay 0.01) with the usual
 // transformer schedule: --lr reached linearly over the first --warmup-steps, then a cosine decay to 0 at the last
@@ -13,12 +16,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include <amp/amp.h>
 #include <amp/optim/fused_optimizers.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/fsdp/fully_sharded.h>
 #include <ddp/progress.h>
 #include <fmt/format.h>
 
@@ -32,6 +38,7 @@ struct Flags {
   std::string dtype = "bf16";
   std::string fp8 = "off";
   int zero = 0;
+  bool fsdp = false;
   int64_t steps = 200;  // the recipe of RESULTS.md's table
   int64_t global_batch_size = 32;
   double lr = 1e-3;
@@ -69,6 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--fp8", flags.fp8, "FP8 GEMMs in the Float8Linear layers (O1/O2): off, delayed or current")
       ->check(CLI::IsMember({"off", "delayed", "current"}));
   app.add_option("--zero", flags.zero, "ZeRO stage: 0, 1 or 2")->check(CLI::IsMember({0, 1, 2}));
+  app.add_flag("--fsdp", flags.fsdp,
+               "Full sharding (ZeRO stage 3) instead of DDP: each block a unit, amp over the shards (O0-O2)");
   app.add_option("--steps", flags.steps, "Optimizer steps");
   app.add_option("--global-batch-size", flags.global_batch_size, "Sequences per step, all processes together");
   app.add_option("--lr", flags.lr, "AdamW's peak learning rate");
@@ -97,6 +106,21 @@ int main(int argc, char** argv) {
       throw std::invalid_argument(
           fmt::format("--fp8 {} needs --opt-level O1 or O2, got {}", flags.fp8, flags.opt_level));
     }
+    if (flags.fsdp && flags.zero != 0) {
+      throw std::invalid_argument(fmt::format(
+          "--fsdp and --zero {} are two ways of sharding: full sharding shards what ZeRO does and the parameters too; "
+          "choose one",
+          flags.zero));
+    }
+    if (flags.fsdp && flags.fp8 != "off") {
+      throw std::invalid_argument(
+          fmt::format("--fp8 {} is not supported with --fsdp (FP8 layers inside full "
+                      "sharding's units are not built yet); use --fp8 off",
+                      flags.fp8));
+    }
+    if (flags.fsdp && flags.opt_level == "O3") {
+      throw std::invalid_argument("--fsdp takes --opt-level O0, O1 or O2, got O3 (the fp32 shards are the masters)");
+    }
     const int local_rank = examples::local_rank_from_launcher(argc, argv, "bench_validate_transformer");
     // Refused before anything is built: every rank sees the same WORLD_SIZE, so every rank says it.
     const int64_t world = ddp::launch_env_from_environment().world_size;
@@ -105,6 +129,7 @@ int main(int argc, char** argv) {
                                               flags.global_batch_size, world));
     }
     const torch::Device device = examples::pick_device(flags.device, local_rank);
+    const c10::ScalarType half = flags.dtype == "fp16" ? at::kHalf : at::kBFloat16;
 
     bench::TransformerTask::Settings settings;
     settings.steps = flags.steps;
@@ -112,28 +137,53 @@ int main(int argc, char** argv) {
     settings.eval_sequences = flags.eval_sequences;
     settings.lr = flags.lr;
     settings.seed = flags.seed;
-    settings.model.activation_checkpointing(flags.activation_checkpointing);
+    settings.model.activation_checkpointing(flags.activation_checkpointing).sharded_blocks(flags.fsdp);
     const bench::TransformerTask task(settings, device);
-    auto net = task.make_model();  // seeded: every rank starts from the same weights
-    amp::FusedAdamW inner(net->parameters(), amp::FusedAdamOptions(flags.lr).weight_decay(kWeightDecay));
-    auto initialized = amp::initialize(
-        net, inner,
-        examples::amp_options(flags.opt_level, flags.dtype == "fp16" ? at::kHalf : at::kBFloat16, flags.fp8));
-    auto& model = initialized.model;
-    auto& optimizer = initialized.optimizer;
 
     ddp::InitOptions init;
     if (device.is_cuda()) init.cuda_device(device.index());
     ddp::ProcessGroup group = ddp::init_process_group(init.backend(examples::backend_for(device)));
     const int rank = group.rank();
     const int64_t per_rank = flags.global_batch_size / world;
-    ddp::DistributedDataParallel ddp(net, group);
-    optimizer.attach(ddp, static_cast<amp::ZeroStage>(flags.zero));
+
+    auto net = task.make_model();  // seeded: every rank starts from the same weights
+    const amp::Options amp_options = examples::amp_options(flags.opt_level, half, flags.fp8);
+    // DDP + amp (and ZeRO), or amp over full sharding: the optimizer over the model's parameters or the shards.
+    std::unique_ptr<ddp::FullyShardedDataParallel> fsdp;
+    std::unique_ptr<ddp::DistributedDataParallel> ddp;
+    std::unique_ptr<amp::FusedAdamW> inner;
+    std::optional<amp::Initialized<bench::TinyTransformer>> replicated;
+    std::optional<amp::Initialized<amp::FullyShardedModule>> fully_sharded;
+    const auto adam = amp::FusedAdamOptions(flags.lr).weight_decay(kWeightDecay);
+    if (flags.fsdp) {
+      ddp::FullyShardOptions shard_options;
+      if (flags.opt_level == "O2") shard_options.param_dtype(half);
+      fsdp = std::make_unique<ddp::FullyShardedDataParallel>(net, group, shard_options);
+      inner = std::make_unique<amp::FusedAdamW>(fsdp->parameters(), adam);
+      fully_sharded.emplace(amp::initialize(*fsdp, *inner, amp_options));
+    } else {
+      inner = std::make_unique<amp::FusedAdamW>(net->parameters(), adam);
+      replicated.emplace(amp::initialize(net, *inner, amp_options));
+      ddp = std::make_unique<ddp::DistributedDataParallel>(net, group);
+      replicated->optimizer.attach(*ddp, static_cast<amp::ZeroStage>(flags.zero));
+    }
+    amp::Optimizer& optimizer = fsdp ? fully_sharded->optimizer : replicated->optimizer;
+    const auto train_forward = [&](const torch::Tensor& x) {
+      if (fsdp) return fully_sharded->model.forward(x);
+      return replicated->model.call([&](const torch::Tensor& in) { return ddp->forward(in); }, x);
+    };
+    // Through the model as trained: O2, O3 and FP8 score their half-precision model (logits rounded to bf16/fp16).
+    const auto eval_forward = [&](const torch::Tensor& x) {
+      return fsdp ? fully_sharded->model.forward(x) : replicated->model.forward(x);
+    };
     if (rank == 0) {
       fmt::print("{} process(es) ({}), device {} on rank 0 | {} {}{}{} | {} (peak), {} warmup steps, cosine decay\n",
                  world, group.backend_name(), device.str(), flags.opt_level,
                  flags.opt_level == "O0" ? "fp32" : flags.dtype, flags.fp8 != "off" ? " + FP8 " + flags.fp8 : "",
-                 flags.zero ? fmt::format(" | ZeRO {}", flags.zero) : "", task.description(), flags.warmup_steps);
+                 flags.fsdp   ? " | full sharding"
+                 : flags.zero ? fmt::format(" | ZeRO {}", flags.zero)
+                              : "",
+                 task.description(), flags.warmup_steps);
     }
 
     auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
@@ -148,7 +198,7 @@ int main(int argc, char** argv) {
         group_of_params.options().set_lr(scheduled_lr(flags.lr, step, flags.steps, flags.warmup_steps));
       }
       optimizer.zero_grad();
-      auto logits = model.call([&](const torch::Tensor& in) { return ddp.forward(in); }, mine.input);
+      auto logits = train_forward(mine.input);
       // (The loss runs outside the amp policy: O1's bf16/fp16 logits are widened first, as autocast would.)
       auto loss = task.loss(logits.to(torch::kFloat), mine);
       {
@@ -165,16 +215,17 @@ int main(int argc, char** argv) {
         summed = 0;
       }
     }
-    if (rank == 0) {
-      const ddp::ProgressPause pause("the held-out evaluation");  // the others wait in the barrier below
+    if (rank == 0 || fsdp) {  // full sharding: every rank's forward takes part in gathering the blocks
+      std::optional<ddp::ProgressPause> pause;
+      if (!fsdp) pause.emplace("the held-out evaluation");  // the others wait in the barrier below
       torch::NoGradGuard no_grad;
       net->eval();
-      // Through the model as trained: O2, O3 and FP8 score their half-precision model (logits rounded to bf16/fp16).
-      const auto forward = [&](const torch::Tensor& x) { return model.forward(x); };
-      const auto held_out = task.held_out(forward);
+      const auto held_out = task.held_out(eval_forward);
       const auto diagnostics = optimizer.scaler().diagnostics_now();
-      fmt::print("held-out loss {:.4f} | next-token accuracy {:.2f}% | loss floor {:.4f} | skipped steps {}\n",
-                 held_out.loss, 100.0 * held_out.accuracy, task.loss_floor(), diagnostics.skipped_steps);
+      if (rank == 0) {
+        fmt::print("held-out loss {:.4f} | next-token accuracy {:.2f}% | loss floor {:.4f} | skipped steps {}\n",
+                   held_out.loss, 100.0 * held_out.accuracy, task.loss_floor(), diagnostics.skipped_steps);
+      }
     }
     group.barrier();
     return 0;

@@ -266,6 +266,25 @@ std::string chrome_trace_json(const std::vector<std::vector<TimelineEvent>>& per
   return out + "\n]}\n";
 }
 
+std::shared_ptr<CompletionTime> CompletionTime::watch(const c10::intrusive_ptr<c10d::Work>& work) {
+  auto completed = std::make_shared<CompletionTime>();
+  try {
+    work->getFuture()->addCallback([completed](c10::ivalue::Future&) {
+      const auto now = Timeline::Clock::now();
+      std::lock_guard<std::mutex> lock(completed->mutex_);
+      completed->at_ = now;
+    });
+  } catch (const c10::Error&) {
+    return nullptr;  // a work without a future
+  }
+  return completed;
+}
+
+Timeline::Clock::time_point CompletionTime::at_or(Timeline::Clock::time_point fallback) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return at_.value_or(fallback);
+}
+
 std::optional<double> allreduce_overlap(const std::vector<TimelineEvent>& rank_events) {
   std::map<int64_t, double> gradients_done;  // step -> when autograd had produced every gradient
   for (const TimelineEvent& e : rank_events) {
@@ -282,6 +301,20 @@ std::optional<double> allreduce_overlap(const std::vector<TimelineEvent>& rank_e
   }
   if (total <= 0.0) return std::nullopt;
   return hidden / total;
+}
+
+std::optional<double> collective_hidden_share(const std::vector<TimelineEvent>& rank_events,
+                                              const std::string& collective) {
+  const std::string prefix = collective + " ";
+  const std::string wait_prefix = "wait " + prefix;
+  double total = 0.0;
+  double waited = 0.0;
+  for (const TimelineEvent& e : rank_events) {
+    if (e.lane == "comm" && e.name.rfind(prefix, 0) == 0) total += e.end_us - e.start_us;
+    if (e.lane == "wait" && e.name.rfind(wait_prefix, 0) == 0) waited += e.end_us - e.start_us;
+  }
+  if (total <= 0.0) return std::nullopt;
+  return std::clamp(1.0 - waited / total, 0.0, 1.0);
 }
 
 }  // namespace ddp

@@ -20,6 +20,7 @@
 
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace ddp {
 
@@ -101,6 +102,20 @@ class Timeline {
   std::vector<Pending> pending_;
 };
 
+/// When a collective completed, taken on the thread that completed it (Gloo's communication thread, in its future's
+/// callback): what a timeline's "comm" lane shows as the collective's end, where the host learns it only at the wait.
+class CompletionTime {
+ public:
+  /// Starts watching `work`; null when the work has no future (NCCL's: the caller takes its end another way).
+  static std::shared_ptr<CompletionTime> watch(const c10::intrusive_ptr<c10d::Work>& work);
+  /// When the work completed; `fallback` when the callback has not run yet (it may run just after the wait returns).
+  Timeline::Clock::time_point at_or(Timeline::Clock::time_point fallback) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<Timeline::Clock::time_point> at_;
+};
+
 /// Microseconds of `time` on the steady clock (the unit of TimelineEvent's times).
 double steady_microseconds(Timeline::Clock::time_point time);
 
@@ -125,5 +140,12 @@ constexpr const char* kAllreduceWaitEvent = "allreduce wait";
 /// gradients (before the step's kAllreduceWaitEvent began), over the window's steps: 1 means the communication hid
 /// entirely behind backward, 0 that it all ran after. nullopt without allreduces of nonzero length.
 std::optional<double> allreduce_overlap(const std::vector<TimelineEvent>& rank_events);
+
+/// The share (0..1) of `rank_events`' time in collectives named `collective` ("all-gather", "reduce-scatter": full
+/// sharding's, "comm" lane) during which the host did not wait for them ("wait" lane: "wait <collective> ..."): 1
+/// minus the waits over the collectives' time. 1 means they hid entirely behind compute, 0 that the host waited
+/// throughout. nullopt without such collectives of nonzero length.
+std::optional<double> collective_hidden_share(const std::vector<TimelineEvent>& rank_events,
+                                              const std::string& collective);
 
 }  // namespace ddp

@@ -1,10 +1,13 @@
-// ShardedGradients' consolidated checkpoints (docs/fsdp.md, "Checkpoints"): the optimizer's state gathered from
-// every rank's shards into the unsharded layout, and this rank's slices taken from it.
+// ShardedGradients' checkpoints (docs/fsdp.md, "Checkpoints"): consolidated (the optimizer's state gathered from
+// every rank's shards into the unsharded layout, and this rank's slices taken from it) and sharded (this rank's shards
+// as pieces of the parameters in a shard file of its own, amp/state/shard_file.h).
 
 #include <amp/fsdp/sharded_gradients.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -12,12 +15,19 @@
 #include <amp/optim/fused_optimizer.h>
 #include <amp/state/param_slots.h>
 #include <amp/state/saved_optimizer.h>
+#include <amp/state/shard_file.h>
 
 namespace amp::detail {
 namespace {
 
 std::string key_of(int64_t group, const std::string& field, int64_t index) {
   return "group" + std::to_string(group) + "." + field + "." + std::to_string(index);
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (const int64_t d : shape) numel *= d;
+  return numel;
 }
 
 }  // namespace
@@ -125,6 +135,140 @@ int64_t ShardedGradients::count_failures(bool ok) const {
   at::Tensor flag = at::full({1}, ok ? 0.0 : 1.0, at::TensorOptions().dtype(at::kFloat).device(slots_.device()));
   pg_.allreduce_sum_(flag, "full sharding checkpoint agreement allreduce");
   return static_cast<int64_t>(flag.item<float>());
+}
+
+int64_t ShardedGradients::broadcast_from_root(int64_t value) const {
+  at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(slots_.device()));
+  if (pg_.size() > 1) pg_.broadcast_(t, 0);
+  return t.cpu().item<int64_t>();
+}
+
+std::vector<ShardPiece> ShardedGradients::shard_pieces(std::vector<size_t>* slot_of) const {
+  std::vector<ShardPiece> pieces;
+  const int64_t me = pg_.rank();
+  int64_t base = 0;  // the slot's first element in this rank's shards laid back to back
+  for (size_t s = 0; s < layout_.size(); ++s) {
+    const ShardLayout& shard = layout_[s];
+    const int64_t first = me * shard.chunk, end = first + shard.chunk;  // this rank's range of the unit's flat layout
+    for (const LaidOut& p : shard.params) {
+      const int64_t n = numel_of(p.shape);
+      const int64_t lo = std::max(p.offset, first), hi = std::min(p.offset + n, end);
+      pieces.push_back(lo < hi ? ShardPiece{p.name, n, lo - p.offset, hi - lo, base + lo - first}
+                               : ShardPiece{p.name, n, 0, 0, 0});
+      if (slot_of != nullptr) slot_of->push_back(s);
+    }
+    base += shard.chunk;
+  }
+  return pieces;
+}
+
+std::string ShardedGradients::save_shard() const {
+  check_fused("a sharded checkpoint");
+  torch::serialize::InputArchive in;  // this rank's shards' state as the optimizer saves them
+  read_back_saved_state(optimizer_, in);
+  std::vector<size_t> slot_of;
+  const std::vector<ShardPiece> pieces = shard_pieces(&slot_of);
+  std::vector<at::Tensor> shards;
+  for (const ParamSlot& slot : slots_) {
+    TORCH_CHECK(slot.model.scalar_type() == at::kFloat,
+                "full sharding: a sharded checkpoint holds fp32 shards, this "
+                "one is ",
+                slot.model.scalar_type());
+    shards.push_back(slot.model.detach().cpu());
+  }
+  const at::Tensor flat = at::cat(shards);
+  ShardFileContents file;
+  std::vector<size_t> held;  // the pieces with elements: the table's rows
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    file.names.push_back(pieces[k].name);
+    if (pieces[k].numel > 0) held.push_back(k);
+  }
+  file.table = at::empty({static_cast<int64_t>(held.size()), 3}, at::kLong);
+  std::vector<at::Tensor> master_parts;
+  for (size_t r = 0; r < held.size(); ++r) {
+    const ShardPiece& p = pieces[held[r]];
+    file.table[static_cast<int64_t>(r)][0] = static_cast<int64_t>(held[r]);
+    file.table[static_cast<int64_t>(r)][1] = p.param_offset;
+    file.table[static_cast<int64_t>(r)][2] = p.numel;
+    master_parts.push_back(flat.narrow(0, p.offset, p.numel));
+  }
+  file.masters = master_parts.empty() ? at::empty({0}, at::kFloat) : at::cat(master_parts);
+  const std::vector<std::string> fields = fused_->state_fields();
+  for (const std::string& field : fields) {
+    at::Tensor values = at::zeros({file.masters.numel()}, at::kFloat);
+    at::Tensor has = at::zeros({static_cast<int64_t>(held.size())}, at::kByte);
+    int64_t position = 0;
+    for (size_t r = 0; r < held.size(); ++r) {
+      const ShardPiece& p = pieces[held[r]];
+      const ShardLayout& shard = layout_[slot_of[held[r]]];
+      at::Tensor value;
+      if (in.try_read(key_of(shard.group, field, shard.index), value)) {
+        has[static_cast<int64_t>(r)] = 1;
+        at::Tensor dst = values.narrow(0, position, p.numel);
+        if (field == "step") {
+          dst.fill_(value.reshape({}).to(at::kFloat).item<float>());
+        } else {
+          int64_t base = 0;  // the slot's first element in the shards back to back
+          for (size_t s = 0; s < slot_of[held[r]]; ++s) base += layout_[s].chunk;
+          dst.copy_(value.reshape({-1}).narrow(0, p.offset - base, p.numel));
+        }
+      }
+      position += p.numel;
+    }
+    file.values.push_back(values);
+    file.has.push_back(has);
+  }
+  return encode_shard_file(file, fields);
+}
+
+ShardLoad ShardedGradients::begin_shard_load() const {
+  check_fused("loading a sharded checkpoint");
+  int64_t numel = 0;
+  for (const ShardLayout& shard : layout_) numel += shard.chunk;
+  return detail::begin_shard_load(numel, fused_->state_fields().size());
+}
+
+void ShardedGradients::read_shard(const std::string& bytes, ShardLoad& load) const {
+  take_overlaps(decode_shard_file(bytes, fused_->state_fields()), shard_pieces(), load);
+}
+
+std::string ShardedGradients::finish_shard_load(const ShardLoad& load,
+                                                std::vector<std::pair<at::Tensor, at::Tensor>>& copies) const {
+  const std::vector<std::string> fields = fused_->state_fields();
+  std::vector<size_t> slot_of;
+  const std::vector<ShardPiece> pieces = shard_pieces(&slot_of);
+  // Per field: whether this rank's parts have it (they agree: the units step together), and the step count.
+  std::vector<int> present(fields.size(), -1);  // -1 unknown, 0 absent, 1 present
+  std::vector<float> step(fields.size(), 0.0f);
+  for (const ShardPiece& p : pieces) {
+    check_piece_loaded(load, p, fields);
+    if (p.numel == 0) continue;
+    for (size_t f = 0; f < fields.size(); ++f) {
+      const int has = load.fields_seen[f].narrow(0, p.offset, p.numel).max().item<float>() == 1.0f ? 1 : 0;
+      TORCH_CHECK(present[f] < 0 || present[f] == has, "the shard files hold optimizer state '", fields[f],
+                  "' for some parameters only, but the units of a fully sharded model step together (shards of "
+                  "different checkpoints?)");
+      present[f] = has;
+      if (has && fields[f] == "step") step[f] = load.fields[f][p.offset].item<float>();
+    }
+  }
+  torch::serialize::OutputArchive out;
+  int64_t base = 0;
+  for (size_t s = 0; s < layout_.size(); ++s) {
+    const ShardLayout& shard = layout_[s];
+    // The padding stays zero, as at construction (its gradient is always zero: nothing moves it).
+    copies.emplace_back(slots_[s].model, load.masters.narrow(0, base, shard.chunk).to(slots_[s].model.device()));
+    for (size_t f = 0; f < fields.size(); ++f) {
+      if (present[f] != 1) continue;
+      const at::Tensor value = fields[f] == "step" ? at::full({1}, step[f], at::kFloat)
+                                                   : load.fields[f].narrow(0, base, shard.chunk).clone();
+      out.write(key_of(shard.group, fields[f], shard.index), value);
+    }
+    base += shard.chunk;
+  }
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  return bytes.str();
 }
 
 }  // namespace amp::detail

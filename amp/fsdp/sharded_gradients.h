@@ -32,7 +32,10 @@ namespace amp::detail {
 /// the parameters of the units whose shards group g holds, in the module's order, each entry shaped like its
 /// parameter (what the optimizer writes for the unsharded model built with one group per such set of units: one group
 /// over model->parameters() for a one-group optimizer). Needs one of amp's fused optimizers (their state is per
-/// element and named by field).
+/// element and named by field). Sharded checkpoints write each rank's shards as pieces of the parameters by name and
+/// range (amp/state/shard_file.h), as ZeRO does: the units step together (every unit's shard gets a gradient in
+/// every synchronized backward, zeros for a unit that did not run), so a rank whose shard of a unit holds only padding
+/// takes that unit's step count and whether it has state from its other units.
 class ShardedGradients final : public GradientOwner, public ShardedOwner {
  public:
   ShardedGradients(const OwnerContext& context, ddp::FullyShardedDataParallel& fsdp);
@@ -56,6 +59,17 @@ class ShardedGradients final : public GradientOwner, public ShardedOwner {
   std::string shard_optimizer_archive(torch::serialize::InputArchive& full) const override;
   int64_t count_failures(bool ok) const override;
   int rank() const override { return pg_.rank(); }
+  int64_t broadcast_from_root(int64_t value) const override;
+
+  /// Sharded checkpoints (ShardedOwner): the parameters' parts in this rank's shard of each unit, in a shard file;
+  /// a load from the files of any world size (full sharding's or ZeRO's).
+  std::string save_shard() const override;
+  ShardLoad begin_shard_load() const override;
+  void read_shard(const std::string& bytes, ShardLoad& load) const override;
+  std::string finish_shard_load(const ShardLoad& load,
+                                std::vector<std::pair<at::Tensor, at::Tensor>>& copies) const override;
+  /// Nothing: the next forward gathers the loaded shards.
+  void after_shard_load() override {}
 
  private:
   /// A parameter of a unit in the consolidated layout.
@@ -73,6 +87,9 @@ class ShardedGradients final : public GradientOwner, public ShardedOwner {
     std::vector<LaidOut> params;
   };
   void check_fused(const char* what) const;
+  /// Every parameter's part in this rank's shards (zero-length where it holds none), at its place in the shards laid
+  /// back to back in slot order; `slot_of` (when given) gets each piece's slot.
+  std::vector<ShardPiece> shard_pieces(std::vector<size_t>* slot_of = nullptr) const;
 
   Options::Resolved policy_;  ///< the opt level's, without master weights: the shards are fp32 already
   ReplicatedGradients shards_;

@@ -66,15 +66,6 @@ constexpr size_t kMaxExtraNameLength = 64;
   throw c10::Error("checkpoint '" + path + "': " + one_line(what));
 }
 
-/// Refuses a fully sharded model (amp::initialize over a FullyShardedDataParallel) in save_checkpoint_sharded: its
-/// shards are not laid out as ZeRO's pieces, which the sharded files hold.
-void refuse_fully_sharded(const std::string& path, const State& state) {
-  if (state.fully_sharded() == nullptr) return;
-  fail(path,
-       "sharded checkpoints (a file per rank) of a fully sharded model are not supported yet: use "
-       "amp::save_checkpoint (one consolidated file, which loads at any world size)");
-}
-
 /// Runs `f`, re-reporting any exception as one line that names the file (and `context`, when given).
 template <typename F>
 auto checked(const std::string& path, const std::string& context, F&& f) -> decltype(f()) {
@@ -229,8 +220,10 @@ void apply_loaded(State& state, std::vector<std::pair<at::Tensor, at::Tensor>>& 
 
 // Note [sharded checkpoint]
 // save_checkpoint_sharded writes, per rank r of N, "PATH.zero-G-r-of-N" (G: a generation id rank 0 draws for this
-// save), an envelope of format kShardFormatVersion whose hashed "shard" entry is ZeroShard::save_shard's archive
-// (the rank's pieces by parameter name and element range, their masters and optimizer entries). Once every rank has
+// save), an envelope of format kShardFormatVersion whose hashed "shard" entry is ShardedOwner::save_shard's archive
+// (amp/state/shard_file.h: the rank's pieces by parameter name and element range, their masters and optimizer
+// entries; ZeRO's pieces are slices of its buckets, full sharding's the parameters' parts in the rank's shard of each
+// unit, and either loads the other's files). Once every rank has
 // written its file, rank 0 writes the index at PATH: an envelope of format kShardedIndexVersion with the hashed
 // entries "optimizer_type", "amp", "buffers" (the model's buffers) and "shards" (N, then the N file names), and the
 // extras. Every file is written atomically and the index last, so PATH always names a complete set: a writer stopped
@@ -259,7 +252,7 @@ bool is_sharded_index(const std::string& path) {
          version.item<int64_t>() == kShardedIndexVersion;
 }
 
-void load_sharded(const std::string& path, State& state, ZeroShard& zero, CheckpointExtras* extras);
+void load_sharded(const std::string& path, State& state, ShardedOwner& zero, CheckpointExtras* extras);
 
 /// Reads and checks every part and loads the optimizer (restored if that fails); returns what applies the rest
 /// (model values, amp state, extras): called at once unless `defer`.
@@ -317,15 +310,15 @@ void load_checkpoint(const std::string& path, State& state, CheckpointExtras* ex
   // Note [deferred publish]: a pending all-gather reads the send buffers the load rewrites and would overwrite the
   // loaded parameters.
   state.wait_for_parameters();
-  ZeroShard* const zero = state.zero();
   ShardedOwner* const sharded = state.sharded_owner();
   if (is_sharded_index(path)) {
-    if (zero == nullptr) {
+    if (sharded == nullptr) {
       fail(path,
-           "is a sharded ZeRO checkpoint (one file per rank): it loads into a run attached with a ZeroStage. To "
-           "get a file for a run without ZeRO, load it into a ZeRO run and save it with amp::save_checkpoint");
+           "is a sharded checkpoint (one file per rank): it loads into a run attached with a ZeroStage or a fully "
+           "sharded model, at any world size. To get a file for a run without either, load it into one and save it "
+           "with amp::save_checkpoint");
     }
-    load_sharded(path, state, *zero, extras);
+    load_sharded(path, state, *sharded, extras);
     return;
   }
   if (sharded == nullptr) {
@@ -429,7 +422,7 @@ std::vector<std::string> listed_shards(const std::string& path) {
   return names;
 }
 
-void load_sharded(const std::string& path, State& state, ZeroShard& zero, CheckpointExtras* extras) {
+void load_sharded(const std::string& path, State& state, ShardedOwner& zero, CheckpointExtras* extras) {
   std::string failure;
   torch::serialize::OutputArchive before;
   state.optimizer().save(before);
@@ -471,7 +464,7 @@ void load_sharded(const std::string& path, State& state, ZeroShard& zero, Checkp
     std::istringstream lines(as_string(read_entry(index, path, "shards")));
     std::string line;
     std::getline(lines, line);
-    ZeroShard::ShardLoad load = zero.begin_shard_load();
+    ShardLoad load = zero.begin_shard_load();
     while (std::getline(lines, line)) {
       const std::string file = directory_of(path) + line;
       torch::serialize::InputArchive shard;
@@ -510,20 +503,19 @@ void load_sharded(const std::string& path, State& state, ZeroShard& zero, Checkp
     for (auto& [dest, value] : copies) dest.copy_(value);
   }
   state.load(amp_part);
-  zero.publish();  // every rank's loaded masters, rounded, into the model parameters
+  zero.after_shard_load();  // ZeRO: every rank's loaded masters, rounded, into the model parameters
   if (extras != nullptr) *extras = std::move(loaded_extras);
 }
 
 }  // namespace
 
 void save_checkpoint_sharded(const std::string& path, State& state, const CheckpointExtras& extras) {
-  refuse_fully_sharded(path, state);
-  state.wait_for_parameters();  // Note [deferred publish]
-  ZeroShard* const zero = state.zero();
+  state.wait_for_parameters();                       // Note [deferred publish]
+  ShardedOwner* const zero = state.sharded_owner();  // ZeRO's or full sharding's
   if (zero == nullptr) {
     fail(path,
-         "save_checkpoint_sharded needs a run attached with a ZeroStage (each rank writes its shard); without "
-         "ZeRO use amp::save_checkpoint");
+         "save_checkpoint_sharded needs a run attached with a ZeroStage or a fully sharded model (each rank writes "
+         "its shard); without either use amp::save_checkpoint");
   }
   std::string extra_names;
   for (const auto& entry : extras) {

@@ -13,6 +13,7 @@
 #include <torch/serialize/archive.h>
 
 #include <amp/options.h>
+#include <amp/state/shard_file.h>
 #include <amp/zero/zero.h>
 
 namespace ddp {
@@ -107,6 +108,25 @@ class ShardedOwner {
   /// How many ranks pass ok = false (one allreduce): every rank takes the same decision.
   virtual int64_t count_failures(bool ok) const = 0;
   virtual int rank() const = 0;
+  /// Rank 0's `value` on every rank (one broadcast). Collective.
+  virtual int64_t broadcast_from_root(int64_t value) const = 0;
+
+  /// Sharded checkpoints (Note [sharded checkpoint] in amp/io/checkpoint.cpp): this rank's shard file
+  /// (amp/state/shard_file.h: its pieces by parameter name and range, their masters, their optimizer state). Needs a
+  /// fused optimizer. Not collective.
+  virtual std::string save_shard() const = 0;
+  /// An empty load of this rank's flat state.
+  virtual ShardLoad begin_shard_load() const = 0;
+  /// Takes from one shard file's bytes (any rank of any world size, ZeRO's or full sharding's) whatever overlaps this
+  /// rank's pieces. Checks the file's structure; throws on anything malformed.
+  virtual void read_shard(const std::string& bytes, ShardLoad& load) const = 0;
+  /// Checks that the files covered every element this rank holds; appends the (destination, value) copies of the
+  /// masters and returns the optimizer's archive of this rank's state (as shard_optimizer_archive).
+  virtual std::string finish_shard_load(const ShardLoad& load,
+                                        std::vector<std::pair<at::Tensor, at::Tensor>>& copies) const = 0;
+  /// After a sharded load's copies: what makes the model read the loaded masters (ZeRO publishes them into the
+  /// model parameters; full sharding's next forward gathers them). Collective where it does anything.
+  virtual void after_shard_load() = 0;
 };
 
 /// Bytes of the distinct storages behind `tensors` (undefined ones skipped).

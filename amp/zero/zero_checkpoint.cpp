@@ -4,7 +4,6 @@
 #include <amp/zero/zero_shard.h>
 
 #include <algorithm>
-#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -15,6 +14,7 @@
 #include <amp/optim/fused_optimizer.h>
 #include <amp/state/param_slots.h>
 #include <amp/state/saved_optimizer.h>
+#include <amp/state/shard_file.h>
 
 namespace amp::detail {
 
@@ -113,50 +113,34 @@ void ZeroShard::master_copies(const std::vector<at::Tensor>& values,
   }
 }
 
-namespace {
-
-std::string bytes_of(torch::serialize::OutputArchive& archive) {
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
+std::vector<ShardPiece> ZeroShard::shard_pieces() const {
+  std::vector<ShardPiece> pieces;
+  for (const ParamSlot& slot : slots_) pieces.push_back({slot.name, slot.model.numel(), 0, 0, 0});
+  for (size_t i : step_order_) {
+    const Piece& p = pieces_[i];
+    const ParamSlot& slot = slots_[static_cast<size_t>(p.slot)];
+    pieces.push_back({slot.name, slot.model.numel(), p.param_offset, p.numel, p.shard_offset});
+  }
+  return pieces;
 }
-
-at::Tensor text_tensor(const std::string& text) {
-  at::Tensor t = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
-  if (!text.empty()) std::memcpy(t.data_ptr<uint8_t>(), text.data(), text.size());
-  return t;
-}
-
-at::Tensor read_tensor(torch::serialize::InputArchive& in, const std::string& key) {
-  at::Tensor value;
-  TORCH_CHECK(in.try_read(key, value), "the shard has no '", key, "'");
-  return value.contiguous();
-}
-
-}  // namespace
 
 std::string ZeroShard::save_shard() const {
-  torch::serialize::OutputArchive own;
-  optimizer_.save(own);
-  const std::string own_bytes = bytes_of(own);
-  torch::serialize::InputArchive in;
-  in.load_from(own_bytes.data(), own_bytes.size());
-  std::string names;
-  for (const ParamSlot& slot : slots_) names += slot.name + "\n";
+  torch::serialize::InputArchive in;  // this rank's pieces as the optimizer saves them
+  read_back_saved_state(optimizer_, in);
   std::vector<size_t> mine;
   for (const auto& pieces : my_pieces_) mine.insert(mine.end(), pieces.begin(), pieces.end());
-  at::Tensor table = at::empty({static_cast<int64_t>(mine.size()), 3}, at::kLong);
+  ShardFileContents file;
+  for (const ParamSlot& slot : slots_) file.names.push_back(slot.name);
+  file.table = at::empty({static_cast<int64_t>(mine.size()), 3}, at::kLong);
   for (size_t k = 0; k < mine.size(); ++k) {
     const Piece& p = pieces_[mine[k]];
-    table[static_cast<int64_t>(k)][0] = p.slot;
-    table[static_cast<int64_t>(k)][1] = p.param_offset;
-    table[static_cast<int64_t>(k)][2] = p.numel;
+    file.table[static_cast<int64_t>(k)][0] = p.slot;
+    file.table[static_cast<int64_t>(k)][1] = p.param_offset;
+    file.table[static_cast<int64_t>(k)][2] = p.numel;
   }
-  torch::serialize::OutputArchive out;
-  out.write("names", text_tensor(names));
-  out.write("pieces", table);
-  out.write("masters", masters_.detach().cpu());
-  for (const std::string& field : fused_->state_fields()) {
+  file.masters = masters_.detach().cpu();
+  const std::vector<std::string> fields = fused_->state_fields();
+  for (const std::string& field : fields) {
     at::Tensor values = at::zeros({masters_.numel()}, at::kFloat);
     at::Tensor has = at::zeros({static_cast<int64_t>(mine.size())}, at::kByte);
     for (size_t k = 0; k < mine.size(); ++k) {
@@ -174,78 +158,18 @@ std::string ZeroShard::save_shard() const {
         dst.copy_(value.reshape({-1}));
       }
     }
-    out.write("values." + field, values);
-    out.write("has." + field, has);
+    file.values.push_back(values);
+    file.has.push_back(has);
   }
-  return bytes_of(out);
+  return encode_shard_file(file, fields);
 }
 
-ZeroShard::ShardLoad ZeroShard::begin_shard_load() const {
-  ShardLoad load;
-  const int64_t n = masters_.numel();
-  load.masters = at::zeros({n}, at::kFloat);
-  load.masters_seen = at::zeros({n}, at::kFloat);
-  for (size_t f = 0; f < fused_->state_fields().size(); ++f) {
-    load.fields.push_back(at::zeros({n}, at::kFloat));
-    load.fields_seen.push_back(at::zeros({n}, at::kFloat));
-  }
-  return load;
+ShardLoad ZeroShard::begin_shard_load() const {
+  return detail::begin_shard_load(masters_.numel(), fused_->state_fields().size());
 }
 
 void ZeroShard::read_shard(const std::string& bytes, ShardLoad& load) const {
-  torch::serialize::InputArchive in;
-  in.load_from(bytes.data(), bytes.size());
-  const at::Tensor name_bytes = read_tensor(in, "names");
-  TORCH_CHECK(name_bytes.scalar_type() == at::kByte, "the shard's 'names' entry is malformed");
-  std::vector<std::string> names;
-  {
-    std::istringstream lines(std::string(reinterpret_cast<const char*>(name_bytes.data_ptr<uint8_t>()),
-                                         static_cast<size_t>(name_bytes.numel())));
-    for (std::string line; std::getline(lines, line);) names.push_back(line);
-  }
-  const at::Tensor table = read_tensor(in, "pieces");
-  const at::Tensor masters = read_tensor(in, "masters");
-  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(1) == 3,
-              "the shard's piece table is malformed");
-  TORCH_CHECK(masters.scalar_type() == at::kFloat && masters.dim() == 1, "the shard's masters are malformed");
-  const std::vector<std::string> fields = fused_->state_fields();
-  std::vector<at::Tensor> values, has;
-  for (const std::string& field : fields) {
-    values.push_back(read_tensor(in, "values." + field));
-    has.push_back(read_tensor(in, "has." + field));
-    TORCH_CHECK(values.back().numel() == masters.numel() && has.back().numel() == table.size(0) &&
-                    has.back().scalar_type() == at::kByte,
-                "the shard's '", field, "' entries are malformed");
-  }
-  const auto* rows = table.data_ptr<int64_t>();
-  int64_t position = 0;  // where the old piece's values start in the file's flat tensors
-  for (int64_t k = 0; k < table.size(0); ++k) {
-    const int64_t name_index = rows[3 * k], offset = rows[3 * k + 1], numel = rows[3 * k + 2];
-    TORCH_CHECK(name_index >= 0 && name_index < static_cast<int64_t>(names.size()) && offset >= 0 && numel >= 0 &&
-                    position + numel <= masters.numel(),
-                "the shard's piece ", k, " is out of range");
-    const int64_t slot_index = slots_.index_of(names[static_cast<size_t>(name_index)]);
-    TORCH_CHECK(slot_index >= 0, "the shard holds parameter '", names[static_cast<size_t>(name_index)],
-                "', which this model does not have (a checkpoint of another model?)");
-    const ParamSlot& slot = slots_[static_cast<size_t>(slot_index)];
-    TORCH_CHECK(offset + numel <= slot.model.numel(), "the shard holds elements [", offset, ", ", offset + numel,
-                ") of '", slot.name, "', which has ", slot.model.numel());
-    for (size_t i : step_order_) {
-      const Piece& p = pieces_[i];
-      if (p.slot != slot_index) continue;
-      const int64_t lo = std::max(offset, p.param_offset), hi = std::min(offset + numel, p.param_offset + p.numel);
-      if (lo >= hi) continue;
-      const int64_t src = position + (lo - offset), dst = p.shard_offset + (lo - p.param_offset), n = hi - lo;
-      load.masters.narrow(0, dst, n).copy_(masters.narrow(0, src, n));
-      load.masters_seen.narrow(0, dst, n).fill_(1.0);
-      for (size_t f = 0; f < fields.size(); ++f) {
-        if (has[f].data_ptr<uint8_t>()[k] == 0) continue;
-        load.fields[f].narrow(0, dst, n).copy_(values[f].narrow(0, src, n));
-        load.fields_seen[f].narrow(0, dst, n).fill_(1.0);
-      }
-    }
-    position += numel;
-  }
+  take_overlaps(decode_shard_file(bytes, fused_->state_fields()), shard_pieces(), load);
 }
 
 std::string ZeroShard::finish_shard_load(const ShardLoad& load,
@@ -254,25 +178,22 @@ std::string ZeroShard::finish_shard_load(const ShardLoad& load,
   torch::serialize::OutputArchive out;
   for (size_t i : step_order_) {
     const Piece& p = pieces_[i];
-    const std::string& name = slots_[static_cast<size_t>(p.slot)].name;
-    TORCH_CHECK(load.masters_seen.narrow(0, p.shard_offset, p.numel).min().item<float>() == 1.0f,
-                "the shard files do not hold all of '", name, "' (a missing or mismatched shard?)");
+    const ParamSlot& slot = slots_[static_cast<size_t>(p.slot)];
+    check_piece_loaded(load, {slot.name, slot.model.numel(), p.param_offset, p.numel, p.shard_offset}, fields);
     const at::Tensor master = load.masters.narrow(0, p.shard_offset, p.numel).to(masters_.device());
     copies.emplace_back(p.held, master);
     copies.emplace_back(p.out, master);
     for (size_t f = 0; f < fields.size(); ++f) {
-      const at::Tensor seen = load.fields_seen[f].narrow(0, p.shard_offset, p.numel);
-      const float lo = seen.min().item<float>(), hi = seen.max().item<float>();
-      TORCH_CHECK(lo == hi, "the shard files hold optimizer state '", fields[f], "' for part of '", name,
-                  "' only (shards of different checkpoints?)");
-      if (lo == 0.0f) continue;
+      if (load.fields_seen[f].narrow(0, p.shard_offset, p.numel).max().item<float>() == 0.0f) continue;
       const at::Tensor value = load.fields[f].narrow(0, p.shard_offset, p.numel);
       const std::string key =
           "group" + std::to_string(p.group) + "." + fields[f] + "." + std::to_string(p.index_in_group);
       out.write(key, fields[f] == "step" ? value.narrow(0, 0, 1).clone() : value.clone());
     }
   }
-  return bytes_of(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  return bytes.str();
 }
 
 int64_t ZeroShard::broadcast_from_root(int64_t value) const {

@@ -92,21 +92,14 @@ class ZeroShard final : public GradientOwner, public ShardedOwner {
   /// the send buffers (what a skipped next step all-gathers).
   void master_copies(const std::vector<at::Tensor>& values,
                      std::vector<std::pair<at::Tensor, at::Tensor>>& out) const override;
-  /// Sharded checkpoints: this rank's shard (its pieces by parameter name and range, their masters, and every
-  /// per-parameter optimizer entry) as the bytes of an archive. Needs no collective.
-  std::string save_shard() const;
-  /// What a sharded load has gathered so far for this rank's pieces, from shard files of any world size.
-  struct ShardLoad {
-    at::Tensor masters, masters_seen;             ///< per element of this rank's shard
-    std::vector<at::Tensor> fields, fields_seen;  ///< per state field: per element (a step count repeated)
-  };
-  ShardLoad begin_shard_load() const;
-  /// Takes from one shard file's bytes (any rank of any world size) whatever overlaps this rank's pieces. Checks the
-  /// file's structure; throws on anything malformed.
-  void read_shard(const std::string& bytes, ShardLoad& load) const;
-  /// Checks that the files covered every element of this rank's pieces; appends the master copies (as
-  /// master_copies) and returns the optimizer's archive of this rank's pieces (as shard_optimizer_archive).
-  std::string finish_shard_load(const ShardLoad& load, std::vector<std::pair<at::Tensor, at::Tensor>>& copies) const;
+  /// Sharded checkpoints (ShardedOwner): this rank's pieces in a shard file; a load from files of any world size.
+  std::string save_shard() const override;
+  ShardLoad begin_shard_load() const override;
+  void read_shard(const std::string& bytes, ShardLoad& load) const override;
+  std::string finish_shard_load(const ShardLoad& load,
+                                std::vector<std::pair<at::Tensor, at::Tensor>>& copies) const override;
+  /// Publishes the loaded masters into the model parameters. Collective.
+  void after_shard_load() override { publish(); }
   /// All-gathers every rank's send buffer into the model parameters (the second half of step()), bucket by bucket,
   /// copying each bucket as soon as it arrives (Note [pipelined publish]), and returns when all are copied, whatever
   /// the publish mode (a pending publish completes first). Collective.
@@ -124,7 +117,7 @@ class ZeroShard final : public GradientOwner, public ShardedOwner {
     if (publish_pending()) fail_pending(what);
   }
   /// Rank 0's `value` on every rank (one broadcast). Collective.
-  int64_t broadcast_from_root(int64_t value) const;
+  int64_t broadcast_from_root(int64_t value) const override;
   /// How many ranks pass ok = false (one allreduce): every rank takes the same decision. Collective.
   int64_t count_failures(bool ok) const override;
   int rank() const override { return pg_.rank(); }
@@ -150,6 +143,9 @@ class ZeroShard final : public GradientOwner, public ShardedOwner {
   /// One all-gather of a chunk-layout buffer per rank (`width` values per element): fill(piece, dst) writes this
   /// rank's piece; the result holds rank q's buffer at [q * width * chunk_total_, ...).
   at::Tensor gather_chunks(int64_t width, const std::function<void(const Piece&, int64_t, at::Tensor)>& fill) const;
+  /// This rank's pieces for a shard file, after a zero-length one per parameter (so that a file's piece of any
+  /// parameter of the model is known, on every rank).
+  std::vector<ShardPiece> shard_pieces() const;
   /// Where piece p's first element lies in its rank's chunk-layout buffer.
   int64_t chunk_position(const Piece& p) const;
   [[noreturn]] void fail_pending(const char* what) const;

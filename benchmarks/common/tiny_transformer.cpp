@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <amp/recompute/activation_checkpoint.h>
+#include <amp/recompute/checkpointed.h>
+#include <ddp/fsdp/sharded_unit.h>
 
 namespace bench {
 
@@ -31,7 +33,16 @@ TinyTransformerImpl::TinyTransformerImpl(const TinyTransformerOptions& opts) : o
   token_embedding = register_module("token_embedding", torch::nn::Embedding(opts.vocab_size(), opts.d_model()));
   position_embedding = register_module("position_embedding", torch::nn::Embedding(opts.seq_len(), opts.d_model()));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < opts.num_layers(); ++i) blocks->push_back(TransformerBlock(opts));
+  for (int64_t i = 0; i < opts.num_layers(); ++i) {
+    TransformerBlock block(opts);
+    if (!opts.sharded_blocks()) {
+      blocks->push_back(block);
+    } else if (opts.activation_checkpointing()) {
+      blocks->push_back(ddp::ShardedUnit(amp::Checkpointed(block)));
+    } else {
+      blocks->push_back(ddp::ShardedUnit(block));
+    }
+  }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({opts.d_model()})));
   head = register_module("head", amp::Float8Linear(opts.d_model(), opts.vocab_size()));
 }
@@ -41,6 +52,10 @@ torch::Tensor TinyTransformerImpl::forward(torch::Tensor tokens) {
   TORCH_CHECK(seq <= options.seq_len(), "sequence of ", seq, " tokens is longer than seq_len ", options.seq_len());
   auto x = token_embedding(tokens) + position_embedding(torch::arange(seq, tokens.options()));
   for (const auto& module : *blocks) {
+    if (options.sharded_blocks()) {  // (the unit checkpoints inside, when asked to)
+      x = module->as<ddp::ShardedUnitImpl>()->forward(x);
+      continue;
+    }
     auto block = std::dynamic_pointer_cast<TransformerBlockImpl>(module);
     x = options.activation_checkpointing()
             ? amp::activation_checkpoint([block](const torch::Tensor& in) { return block->forward(in); }, x)

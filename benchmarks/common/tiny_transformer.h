@@ -22,6 +22,10 @@ struct TinyTransformerOptions {
   /// Each block under amp::activation_checkpoint in a forward with grad: it keeps only its input, and its
   /// activations are rebuilt in backward (torchtitan's per-block activation checkpointing).
   TORCH_ARG(bool, activation_checkpointing) = false;
+  /// Each block in a ddp::ShardedUnit (a unit of full sharding; with activation_checkpointing the checkpoint is
+  /// inside the unit). The parameters keep their names; until a ddp::FullyShardedDataParallel is built over the model
+  /// it computes exactly as without.
+  TORCH_ARG(bool, sharded_blocks) = false;
 };
 
 /// One pre-LN block: x + proj(causal_attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x)))).

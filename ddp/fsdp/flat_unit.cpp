@@ -1,11 +1,13 @@
 #include <ddp/fsdp/flat_unit.h>
 
+#include <algorithm>
 #include <utility>
 
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 namespace ddp::detail {
 namespace {
@@ -84,15 +86,37 @@ void FlatUnit::start_gather() {
   // Cast into a buffer of its own when param_dtype differs (kept until the gather ends), else the shard itself.
   gather_input_ = shard_.scalar_type() == full_.scalar_type() ? shard_.detach() : shard_.detach().to(full_.dtype());
   gather_ = pg_.allgather_into_async(full_, gather_input_);
+  gather_issued_ = issued(gather_);
+}
+
+FlatUnit::Issued FlatUnit::issued(const c10::intrusive_ptr<c10d::Work>& work) const {
+  Issued record;
+  if (!recorder_ || !recorder_->recording()) return record;
+  record.recording = true;
+  record.at = Timeline::Clock::now();
+  if (pg_.backend_name() == "gloo") record.completed = CompletionTime::watch(work);
+  return record;
+}
+
+void FlatUnit::wait_for(c10::intrusive_ptr<c10d::Work>& slot, Issued& record, const char* collective,
+                        const std::string& what, Timeline::Clock::time_point began) {
+  auto work = std::move(slot);
+  pg_.wait(work, what);
+  if (!record.recording) return;
+  const auto now = Timeline::Clock::now();
+  // (It completed before the wait returned, whichever thread's clock read later.)
+  const auto end = record.completed ? std::min(record.completed->at_or(now), now) : now;
+  recorder_->add(c10::str(collective, " ", label()), "comm", record.at, std::max(end, record.at));
+  recorder_->add(c10::str("wait ", collective, " ", label()), "wait", began, now);
+  record = Issued{};
 }
 
 void FlatUnit::wait_gathered() {
   if (state_ == State::kGathered) return;
+  // The wait begins before a gather not yet started is issued: such a gather is waited for throughout.
+  const auto began = Timeline::Clock::now();
   start_gather();
-  if (gather_) {
-    auto work = std::move(gather_);
-    pg_.wait(work, "all-gather of " + label() + "'s parameters");
-  }
+  if (gather_) wait_for(gather_, gather_issued_, "all-gather", "all-gather of " + label() + "'s parameters", began);
   gather_input_.reset();
   point_params_at(/*full=*/true);
   state_ = State::kGathered;
@@ -101,8 +125,8 @@ void FlatUnit::wait_gathered() {
 void FlatUnit::reshard() {
   if (state_ == State::kSharded) return;
   if (gather_) {  // the collective writes into the buffer: it must end first
-    auto work = std::move(gather_);
-    pg_.wait(work, "all-gather of " + label() + "'s parameters");
+    wait_for(gather_, gather_issued_, "all-gather", "all-gather of " + label() + "'s parameters",
+             Timeline::Clock::now());
   }
   gather_input_.reset();
   point_params_at(/*full=*/false);
@@ -140,14 +164,15 @@ void FlatUnit::launch_reduction() {
     received_ = at::empty({chunk_}, reduction_.options());
     reduce_ = pg_.reduce_scatter_sum_async(received_, reduction_);
   }
+  reduce_issued_ = issued(reduce_);
 }
 
 void FlatUnit::finish_reduction() {
   if (!reduction_launched()) return;
   at::NoGradGuard no_grad;
   if (reduce_) {
-    auto work = std::move(reduce_);
-    pg_.wait(work, "reduce-scatter of " + label() + "'s gradients");
+    wait_for(reduce_, reduce_issued_, "reduce-scatter", "reduce-scatter of " + label() + "'s gradients",
+             Timeline::Clock::now());
   }
   const at::Tensor sum = received_.defined() ? received_ : reduction_.narrow(0, pg_.rank() * chunk_, chunk_);
   at::Tensor average = sum.mul(1.0 / static_cast<double>(pg_.size())).to(shard_.scalar_type());
@@ -171,6 +196,7 @@ void FlatUnit::reset_pass() noexcept {
     }
     reduce_.reset();
   }
+  reduce_issued_ = Issued{};
   reduction_.reset();
   received_.reset();
 }

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <ddp/process_group.h>
+#include <ddp/timeline.h>
 
 namespace ddp::detail {
 
@@ -92,12 +93,28 @@ class FlatUnit {
   /// Bytes of the reduction's buffers while one is in flight, else 0.
   int64_t reduction_bytes() const;
 
+  /// Records its collectives into `recorder` while it records ("comm" lane: "all-gather <label>", "reduce-scatter
+  /// <label>", from issue to completion) and the time the host waited for them ("wait" lane: "wait all-gather
+  /// <label>", ...); null: nothing recorded. Host times (on CUDA: issue and wait on the host, not the stream's).
+  void set_recorder(std::shared_ptr<Timeline> recorder) { recorder_ = std::move(recorder); }
+
   /// The unit's full flat values in the shard's dtype (world * chunk elements, padding last): an all-gather of the
   /// shards, whatever is gathered now. Collective.
   at::Tensor gather_flat() const;
 
  private:
+  /// A collective issued while the timeline records: when, and when it completed (null: taken at the wait).
+  struct Issued {
+    bool recording = false;
+    Timeline::Clock::time_point at;
+    std::shared_ptr<CompletionTime> completed;
+  };
   void point_params_at(bool full);
+  Issued issued(const c10::intrusive_ptr<c10d::Work>& work) const;
+  /// Waits for `work` (moved out of its slot) and records it as `collective`, with the wait from `began`, when
+  /// `record` says so.
+  void wait_for(c10::intrusive_ptr<c10d::Work>& work, Issued& record, const char* collective, const std::string& what,
+                Timeline::Clock::time_point began);
 
   std::string name_;
   ProcessGroup pg_;
@@ -116,6 +133,9 @@ class FlatUnit {
   at::Tensor reduction_;  ///< the collective's buffer while a reduction is in flight
   at::Tensor received_;   ///< NCCL: the reduce-scatter's output
   c10::intrusive_ptr<c10d::Work> reduce_;
+  std::shared_ptr<Timeline> recorder_;
+  Issued gather_issued_;
+  Issued reduce_issued_;
 };
 
 }  // namespace ddp::detail

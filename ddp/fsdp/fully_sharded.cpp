@@ -222,6 +222,8 @@ void FullyShardedDataParallel::track_root_output(const at::Tensor& output) { run
 
 void FullyShardedDataParallel::reset_peak_gathered_bytes() { run_->reset_peak(); }
 
+void FullyShardedDataParallel::set_timeline(std::shared_ptr<Timeline> timeline) { run_->set_timeline(timeline); }
+
 const ProcessGroup& FullyShardedDataParallel::process_group() const { return run_->process_group(); }
 
 const FullyShardOptions& FullyShardedDataParallel::options() const { return run_->options(); }

@@ -20,6 +20,7 @@
 #include <ddp/fsdp/sharded_unit.h>
 #include <ddp/module_forward.h>
 #include <ddp/process_group.h>
+#include <ddp/timeline.h>
 
 namespace ddp {
 
@@ -163,6 +164,13 @@ class FullyShardedDataParallel {
   int64_t peak_reduction_bytes() const;
   /// Starts peak_gathered_bytes() and peak_reduction_bytes() over from what is held now.
   void reset_peak_gathered_bytes();
+  /// Records the steps `timeline` records (docs/observability.md): each unit's all-gather and reduce-scatter from
+  /// issue to completion ("comm" lane, "all-gather <unit>", "reduce-scatter <unit>") and the time the host waited for
+  /// them ("wait" lane, "wait all-gather <unit>", ...); ddp::collective_hidden_share reads the share that hid behind
+  /// compute. The loop records its phases, as with DDP. Null: stops recording. Host times: on CUDA a collective's
+  /// interval is its issue to the wait's return (which only orders the stream), so the share means something on the
+  /// CPU (Gloo) only.
+  void set_timeline(std::shared_ptr<Timeline> timeline);
   /// The wrapped module.
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
   /// The process group the parameters are split over.

@@ -247,6 +247,11 @@ void ShardedRun::clear_pass() noexcept {
   in_flight_ = nullptr;
 }
 
+void ShardedRun::set_timeline(const std::shared_ptr<Timeline>& timeline) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  for (auto& unit : units_) unit->set_recorder(timeline);
+}
+
 void ShardedRun::set_sync(bool on) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   TORCH_CHECK(on || sync_, "FullyShardedDataParallel::no_sync: a guard is already alive");

@@ -60,6 +60,9 @@ class ShardedRun : public std::enable_shared_from_this<ShardedRun> {
   void set_sync(bool on);
   bool sync() const { return sync_; }
 
+  /// Every unit records its collectives and the waits for them into `timeline` (null: none).
+  void set_timeline(const std::shared_ptr<Timeline>& timeline);
+
   const std::vector<std::unique_ptr<FlatUnit>>& units() const { return units_; }
   std::vector<std::unique_ptr<FlatUnit>>& units() { return units_; }
   const ProcessGroup& process_group() const { return pg_; }

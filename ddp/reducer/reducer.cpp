@@ -317,17 +317,7 @@ void Reducer::record_issue(size_t index, const Timeline::Mark& ready) {
   recorder_->add(c10::str("bucket ", index, " ready"), "buckets", ready, ready, static_cast<int64_t>(index));
   b.completed.reset();
   if (comm_stream_) return;
-  auto completed = std::make_shared<CompletionTime>();
-  try {
-    b.work->getFuture()->addCallback([completed](c10::ivalue::Future&) {
-      const auto now = Clock::now();
-      std::lock_guard<std::mutex> lock(completed->mutex);
-      completed->at = now;
-    });
-    b.completed = std::move(completed);
-  } catch (const c10::Error&) {
-    // A work without a future (not Gloo's): its end is taken when the wait returns.
-  }
+  b.completed = CompletionTime::watch(b.work);  // null for a work without a future: its end is the wait's return
 }
 
 /// Recording a timeline: bucket `index`'s collective has been waited for (on CUDA the communication stream now
@@ -336,8 +326,7 @@ void Reducer::record_completion(size_t index) {
   Bucket& b = buckets_[index];
   Timeline::Mark end;
   if (b.completed) {
-    std::lock_guard<std::mutex> lock(b.completed->mutex);
-    end.host = b.completed->at.value_or(Clock::now());  // a future's callbacks may run just after the wait returns
+    end.host = b.completed->at_or(Clock::now());
   } else {
     end = Timeline::mark(comm_stream_);
   }

@@ -65,11 +65,6 @@ class Reducer {
 
  private:
   using Clock = std::chrono::steady_clock;
-  /// Written by the communication thread in the work's completion callback, read after the wait.
-  struct CompletionTime {
-    std::mutex mutex;
-    std::optional<Clock::time_point> at;
-  };
   struct Param {
     at::Tensor tensor;
     std::string name;

@@ -1,11 +1,14 @@
 // Checkpoints of amp over full sharding (docs/fsdp.md, "Checkpoints"): amp::save_checkpoint writes one consolidated
 // file (the model's full fp32 values and the optimizer's state in the unsharded layout); it resumes full sharding bit
 // for bit, resumes DDP + amp bit for bit (full sharding trains like it), and loads at another world size and into one
-// process. Gloo on CPU, forked ranks.
+// process. amp::save_checkpoint_sharded writes a file per rank (no gather): it resumes full sharding bit for bit and
+// loads at another world size and into a ZeRO run. Gloo on CPU, forked ranks.
 
+#include <dirent.h>
 #include <unistd.h>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +55,28 @@ std::vector<torch::Tensor> loaded_in_one_process(const std::string& path, const 
   return out;
 }
 
+/// Trains `setup.steps` steps straight; and 5 steps that end in `save`, then 5 more (to step 10) from a fresh model
+/// (other initial values) that `load`s first: the resumed run ends bit for bit where the straight one does, through
+/// the skipped step 7. Returns the resumed part's setup.
+AmpSetup check_resumes(const ddp::ProcessGroup& pg, int rank, const AmpSetup& setup,
+                       const std::function<void(ShardedModel&, amp::Optimizer&)>& save, const Hook& load,
+                       const std::string& what, AmpRun* tail_out = nullptr) {
+  const AmpRun straight = train_fsdp(pg, rank, setup);
+  AmpSetup first = setup;
+  first.steps = 5;
+  train_fsdp(pg, rank, first, save);
+  AmpSetup rest = setup;
+  rest.first_step = 5;
+  const AmpRun resumed = train_fsdp(pg, rank, rest, nullptr, load, /*seed=*/99);
+  AmpRun tail = straight;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
+  tail.skipped.erase(tail.skipped.begin(), tail.skipped.begin() + 5);
+  TORCH_CHECK(tail.skipped[2] == 1, "rank ", rank, ": the straight run did not skip step 7");
+  check_same(resumed, tail, "rank " + std::to_string(rank) + ": " + what);
+  if (tail_out != nullptr) *tail_out = tail;
+  return rest;
+}
+
 // Train 10 steps straight; and 5, save, then from a fresh model (other initial values) load and train 5 more: full
 // sharding, and DDP + amp from the same file, end bit for bit where the straight run ends (a skipped step among the
 // resumed ones). The file loads at 4 ranks and into one process, which hold what the 2 ranks held.
@@ -64,21 +89,12 @@ TEST(FullyShardedAmpCheckpointTest, ResumesBitForBitIntoFullShardingAndDdpAmpAtA
   setup.steps = 10;
   ddp_test::run_ranks(
       [&](int rank, const ddp::ProcessGroup& pg) {
-        const AmpRun straight = train_fsdp(pg, rank, setup);
-        AmpSetup first = setup;
-        first.steps = 5;
-        train_fsdp(pg, rank, first, [&](ShardedModel& model, amp::Optimizer& optimizer) {
-          amp::save_checkpoint(path, model, optimizer);
-        });
-        AmpSetup rest = setup;
-        rest.first_step = 5;
         const auto load = [&](amp::Optimizer& optimizer) { amp::detail::load_checkpoint(path, optimizer.state()); };
-        const AmpRun resumed = train_fsdp(pg, rank, rest, nullptr, load, /*seed=*/99);
-        AmpRun tail = straight;
-        tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
-        tail.skipped.erase(tail.skipped.begin(), tail.skipped.begin() + 5);
-        TORCH_CHECK(tail.skipped[2] == 1, "rank ", rank, ": the straight run did not skip step 7");
-        check_same(resumed, tail, "rank " + std::to_string(rank) + ": full sharding resumed");
+        AmpRun tail;
+        const AmpSetup rest = check_resumes(
+            pg, rank, setup,
+            [&](ShardedModel& model, amp::Optimizer& optimizer) { amp::save_checkpoint(path, model, optimizer); }, load,
+            "full sharding resumed", &tail);
         const AmpRun ddp = train_ddp(pg, rank, rest, load);
         check_same(ddp, tail, "rank " + std::to_string(rank) + ": DDP + amp resumed from full sharding's file");
       },
@@ -101,8 +117,76 @@ TEST(FullyShardedAmpCheckpointTest, ResumesBitForBitIntoFullShardingAndDdpAmpAtA
   for (size_t i = 0; i < at_2.size(); ++i) EXPECT_TRUE(torch::equal(at_2[i], at_4[i])) << "tensor " << i;
 }
 
-// What cannot be loaded is refused in one line on every rank, and nothing changes: a plain torch::optim optimizer
-// (its state cannot be split into parameters), a sharded checkpoint (one file per rank).
+/// The files in `folder` whose names contain `part`.
+std::vector<std::string> files_with(const std::string& folder, const std::string& part) {
+  std::vector<std::string> out;
+  DIR* dir = ::opendir(folder.c_str());
+  if (dir == nullptr) return out;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.find(part) != std::string::npos) out.push_back(name);
+  }
+  ::closedir(dir);
+  return out;
+}
+
+// Train 10 steps straight; and 5, save a sharded checkpoint (each rank writes its own file), then from a fresh model
+// load and train 5 more: bit for bit where the straight run ends. The files (2 ranks') load at 4 ranks and into a
+// ZeRO stage 2 run of DDP + amp, which both hold exactly what the consolidated file saved at the same step holds.
+TEST(FullyShardedAmpCheckpointTest, ShardedFilesResumeBitForBitAndLoadAtAnyWorldSizeAndIntoZero) {
+  LTA_REQUIRE_GLOO();
+  ddp_test::ScratchDir dir;
+  const std::string sharded = dir.file("sharded.pt");
+  const std::string consolidated = dir.file("consolidated.pt");
+  const std::string from_4 = dir.file("from_4_ranks.pt");
+  const std::string from_zero = dir.file("from_zero.pt");
+  AmpSetup setup;
+  setup.steps = 10;
+  ddp_test::run_ranks(
+      [&](int rank, const ddp::ProcessGroup& pg) {
+        check_resumes(
+            pg, rank, setup,
+            [&](ShardedModel& model, amp::Optimizer& optimizer) {
+              amp::save_checkpoint_sharded(sharded, model, optimizer);
+              amp::save_checkpoint(consolidated, model, optimizer);
+            },
+            [&](amp::Optimizer& optimizer) { amp::detail::load_checkpoint(sharded, optimizer.state()); },
+            "full sharding resumed from sharded files");
+      },
+      2);
+  EXPECT_EQ(files_with(dir.path(), "-of-2").size(), 2u) << "one file per rank";
+  ddp_test::run_ranks(
+      [&](int rank, const ddp::ProcessGroup& pg) {
+        AmpSetup none = setup;
+        none.steps = 0;
+        train_fsdp(
+            pg, rank, none,
+            [&](ShardedModel& model, amp::Optimizer& optimizer) { amp::save_checkpoint(from_4, model, optimizer); },
+            [&](amp::Optimizer& optimizer) { amp::detail::load_checkpoint(sharded, optimizer.state()); }, /*seed=*/5);
+      },
+      4);
+  ddp_test::run_ranks(
+      [&](int, const ddp::ProcessGroup& pg) {
+        Net net = fsdp_test::make_net(17, 0, /*sharded=*/false);
+        amp::FusedAdamW inner(net->parameters(), amp::FusedAdamOptions(1e-2).weight_decay(1e-2));
+        auto [model, optimizer] = amp::initialize(net, inner, setup.options());
+        ddp::DistributedDataParallel ddp(net, pg);
+        optimizer.attach(ddp, amp::ZeroStage::kTwo);
+        amp::load_checkpoint(sharded, model, optimizer);
+        amp::save_checkpoint(from_zero, model, optimizer);
+      },
+      3);
+  const std::vector<torch::Tensor> expected = loaded_in_one_process(consolidated, setup);
+  ASSERT_GT(expected.size(), 16u) << "no optimizer state was loaded";
+  for (const std::string& file : {from_4, from_zero}) {
+    const std::vector<torch::Tensor> got = loaded_in_one_process(file, setup);
+    ASSERT_EQ(got.size(), expected.size()) << file;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], expected[i])) << file << ": tensor " << i;
+  }
+}
+
+// What cannot be saved is refused in one line on every rank, and no file is left: a plain torch::optim optimizer (its
+// state cannot be split into parameters), consolidated or sharded.
 TEST(FullyShardedAmpCheckpointTest, WhatCannotBeSavedIsRefusedInOneLine) {
   LTA_REQUIRE_GLOO();
   ddp_test::ScratchDir dir;
@@ -120,20 +204,20 @@ TEST(FullyShardedAmpCheckpointTest, WhatCannotBeSavedIsRefusedInOneLine) {
             sgd_error = e.what_without_backtrace();
           }
           try {
-            amp::detail::save_checkpoint_sharded(path, optimizer.state(), {});
+            amp::save_checkpoint_sharded(path, model, optimizer);
           } catch (const c10::Error& e) {
             sharded_error = e.what_without_backtrace();
           }
         });
-        TORCH_CHECK(sgd_error.find("needs one of amp's fused optimizers") != std::string::npos &&
-                        sgd_error.find('\n') == std::string::npos,
-                    "rank ", rank, ": a torch::optim optimizer: '", sgd_error, "'");
-        TORCH_CHECK(sharded_error.find("sharded checkpoints (a file per rank) of a fully sharded model are not "
-                                       "supported yet") != std::string::npos,
-                    "rank ", rank, ": save_checkpoint_sharded: '", sharded_error, "'");
+        for (const std::string& error : {sgd_error, sharded_error}) {
+          TORCH_CHECK(error.find("needs one of amp's fused optimizers") != std::string::npos &&
+                          error.find('\n') == std::string::npos,
+                      "rank ", rank, ": a torch::optim optimizer: '", error, "'");
+        }
       },
       2);
   EXPECT_NE(::access(path.c_str(), F_OK), 0) << "a refused save left a file";
+  EXPECT_TRUE(files_with(dir.path(), ".zero-").empty()) << "a refused sharded save left a rank's file";
 }
 
 }  // namespace

@@ -94,6 +94,22 @@ TEST(TimelineTest, OverlapIsTheShareOfAllreduceTimeBeforeBackwardWaitsForIt) {
   EXPECT_FALSE(ddp::allreduce_overlap({event("forward", "step", 1, 0, 1)}).has_value());
 }
 
+TEST(TimelineTest, HiddenShareIsOneLessTheWaitsOverTheCollectivesTime) {
+  // Two all-gathers of 100 us in all; the host waited 25 us for them: 75% hid. A reduce-scatter and its wait, and
+  // events of other lanes, do not count.
+  std::vector<ddp::TimelineEvent> events = {
+      event("all-gather unit 'a'", "comm", 1, 0, 60),        event("all-gather the root", "comm", 1, 100, 140),
+      event("wait all-gather unit 'a'", "wait", 1, 50, 60),  event("wait all-gather the root", "wait", 1, 125, 140),
+      event("reduce-scatter unit 'a'", "comm", 1, 200, 300), event("wait reduce-scatter unit 'a'", "wait", 1, 200, 300),
+      event("all-gather unit 'a'", "step", 1, 0, 1000)};
+  EXPECT_NEAR(*ddp::collective_hidden_share(events, "all-gather"), 0.75, 1e-12);
+  EXPECT_NEAR(*ddp::collective_hidden_share(events, "reduce-scatter"), 0.0, 1e-12);
+  // A wait longer than the collective (it was issued inside the wait) hides nothing, never less.
+  events[2].start_us = -100;
+  EXPECT_EQ(*ddp::collective_hidden_share(events, "all-gather"), 0.0);
+  EXPECT_FALSE(ddp::collective_hidden_share(events, "allreduce").has_value());
+}
+
 // On CUDA an interval is a pair of timing events, read after the window and placed on the host clock through a final
 // event resolve() waits for: device work of known order must come out in that order, with its length, inside the
 // host time around the window.
