@@ -6,7 +6,8 @@
 //   ddp-launch --nproc-per-node 2 bench_validate_transformer --opt-level O2 --dtype bf16 --zero 1 --seed 1
 //   ddp-launch --nproc-per-node 2 bench_validate_transformer --opt-level O2 --fsdp --seed 1
 // --fsdp: full sharding (docs/fsdp.md) instead of DDP, each block a ddp::ShardedUnit, amp over it (O2 gathers the
-// blocks in the half dtype from fp32 shards); every rank takes part in the held-out evaluation (its forwards gather).
+// blocks in the half dtype from fp32 shards; --fp8 runs the blocks' layers in FP8); every rank takes part in the
+// held-out evaluation (its forwards gather).
 // The recipe: --steps steps of --global-batch-size sequences (split evenly among the processes, so every process
 // count takes the same sequences per step), amp::FusedAdamW (torch's AdamW: weight decay 0.01) with the usual
 // transformer schedule: --lr reached linearly over the first --warmup-steps, then a cosine decay to 0 at the last
@@ -111,12 +112,6 @@ int main(int argc, char** argv) {
           "--fsdp and --zero {} are two ways of sharding: full sharding shards what ZeRO does and the parameters too; "
           "choose one",
           flags.zero));
-    }
-    if (flags.fsdp && flags.fp8 != "off") {
-      throw std::invalid_argument(
-          fmt::format("--fp8 {} is not supported with --fsdp (FP8 layers inside full "
-                      "sharding's units are not built yet); use --fp8 off",
-                      flags.fp8));
     }
     if (flags.fsdp && flags.opt_level == "O3") {
       throw std::invalid_argument("--fsdp takes --opt-level O0, O1 or O2, got O3 (the fp32 shards are the masters)");

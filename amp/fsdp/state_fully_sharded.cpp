@@ -41,7 +41,6 @@ void check_fully_shardable(const ddp::FullyShardedDataParallel& fsdp, const Opti
                            const torch::optim::Optimizer& optimizer) {
   const std::optional<c10::ScalarType> param_dtype = fsdp.options().param_dtype();
   const std::string level = opt_level_name(policy.opt_level);
-  TORCH_CHECK(!policy.fp8, kWhat, "FP8 layers inside sharded units are not supported yet; train without fp8");
   TORCH_CHECK(policy.cast_model_type == at::kFloat || policy.master_weights, kWhat, level,
               " keeps no fp32 weights, but the shards are fp32 (they are the master weights, 4/N bytes per "
               "parameter): use O2");
@@ -94,6 +93,13 @@ State::State(ddp::FullyShardedDataParallel& fsdp, torch::optim::Optimizer& optim
   auto owner = std::make_unique<ShardedGradients>(OwnerContext{slots_, optimizer, fused_, policy_, true}, fsdp);
   sharded_owner_ = owner.get();
   owner_ = std::move(owner);
+  // FP8 layers inside units: each reads its weight gathered (the same on every rank) and casts it per forward, as
+  // unsharded; the amaxes of inputs and output gradients are max-reduced over the ranks with the overflow flag.
+  if (policy_.fp8) {
+    fp8_ = std::make_unique<Fp8State>(*module_, *policy_.fp8, slots_.device());
+    fp8_->set_process_group(&fsdp.process_group());
+    for (const auto& line : fp8_->report()) logger_(line);
+  }
 }
 
 void State::save_fully_sharded_model(torch::serialize::OutputArchive& archive) const {

@@ -7,8 +7,8 @@ FP32, AdamW(lr 1e-4, weight decay 1e-2), loss y.pow(2).mean() of a [tokens, d] i
 DDP and FSDP2 interleaved round by round, as bench_fsdp interleaves its setups; rank 0 prints one line per setup:
 "peer <setup>: median <ms> ms per iteration" and the peak resident size, MiB.
 
---memory ddp|fsdp2 instead builds that one model (bench_fsdp's and bench_fsdp_amp's memory runs: --d 1024 --layers 8,
-a [2, 8, d] input), trains two iterations and prints rank 0's tensor bytes after the first (parameters or their
+--memory ddp|fsdp2 instead builds that one model (bench_fsdp's and bench_fsdp_amp's memory runs: --d-model 1024
+--layers 8, a [2, 8, d] input), trains two iterations and prints rank 0's tensor bytes after the first (parameters or their
 shards, gradients, AdamW's state) and the peak resident size, the most over the ranks, with what it rose by since the
 rank started. --bf16: FSDP2's MixedPrecisionPolicy(param_dtype=torch.bfloat16) (fp32 shards, bf16 gathered and
 reduced: the peer of amp O2 over full sharding).
@@ -109,7 +109,7 @@ def memory(args, rank):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--d", type=int, default=512)
+    parser.add_argument("--d-model", dest="d", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=20)

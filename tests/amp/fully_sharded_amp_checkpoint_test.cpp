@@ -28,21 +28,6 @@ namespace {
 using fsdp_test::Net;
 using namespace fsdp_amp_test;
 
-/// Same values and losses, bit for bit (a NaN loss equal to a NaN).
-void check_same(const AmpRun& a, const AmpRun& b, const std::string& what) {
-  TORCH_CHECK(a.losses.size() == b.losses.size(), what, ": ", a.losses.size(), " and ", b.losses.size(), " steps");
-  for (size_t s = 0; s < a.losses.size(); ++s) {
-    TORCH_CHECK(std::memcmp(&a.losses[s], &b.losses[s], sizeof(float)) == 0, what, ": loss ", s, " is ", a.losses[s],
-                " and ", b.losses[s]);
-  }
-  TORCH_CHECK(a.skipped == b.skipped, what, ": other steps were skipped");
-  TORCH_CHECK(a.values.size() == b.values.size(), what, ": parameter counts differ");
-  for (size_t i = 0; i < a.values.size(); ++i) {
-    TORCH_CHECK(a.values[i].first == b.values[i].first && torch::equal(a.values[i].second, b.values[i].second), what,
-                ": ", a.values[i].first, " differs");
-  }
-}
-
 /// The masters and the FusedAdamW state of `path` loaded into one process, unsharded, under amp.
 std::vector<torch::Tensor> loaded_in_one_process(const std::string& path, const AmpSetup& setup) {
   Net net = fsdp_test::make_net(21, 0, /*sharded=*/false);

@@ -262,8 +262,6 @@ TEST(FullyShardedAmpRefusalTest, WhatCannotWorkIsRefusedInOneLine) {
                        "O1 keeps the parameters fp32", "O1 with a half param_dtype");
         expect_refusal(error_of([&] { amp::initialize(half, half_sgd, amp::Options(o2).keep_layernorm_fp32(true)); }),
                        "keep_layernorm_fp32 is not supported", "keep_layernorm_fp32");
-        expect_refusal(error_of([&] { amp::initialize(half, half_sgd, amp::Options(o2).fp8(amp::Fp8Recipe())); }),
-                       "FP8 layers inside sharded units are not supported yet", "fp8");
 
         Normed normed;
         ddp::FullyShardedDataParallel normed_fsdp(normed, pg, ddp::FullyShardOptions().param_dtype(torch::kBFloat16));

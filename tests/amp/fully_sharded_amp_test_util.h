@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -89,12 +90,12 @@ void train_loop(const AmpSetup& setup, int rank, amp::Optimizer& optimizer, Forw
 /// Called with the amp optimizer before the first step (a load) or after the last (a save).
 using Hook = std::function<void(amp::Optimizer&)>;
 
-/// DDP + amp, attached: every bucket reduced in fp32 and unscaled into the optimizer's gradients. Every rank builds
-/// rank 0's model: DDP starts the ranks from rank 0's parameters, but amp::initialize took the fp32 masters before.
-inline AmpRun train_ddp(const ddp::ProcessGroup& pg, int rank, const AmpSetup& setup, const Hook& before = nullptr) {
-  Net net = fsdp_test::make_net(3, /*rank=*/0, /*sharded=*/false, setup.device);
-  auto inner = make_optimizer(setup.opt, net->parameters());
-  auto [model, optimizer] = amp::initialize(net, *inner, setup.options());
+/// DDP + amp over `net` (every rank passes rank 0's model) with `inner` over its parameters and `options`, attached:
+/// every bucket reduced in fp32 and unscaled into the optimizer's gradients.
+template <typename ModuleHolder>
+AmpRun train_ddp_over(ModuleHolder net, torch::optim::Optimizer& inner, const amp::Options& options,
+                      const ddp::ProcessGroup& pg, int rank, const AmpSetup& setup, const Hook& before = nullptr) {
+  auto [model, optimizer] = amp::initialize(net, inner, options);
   ddp::DistributedDataParallel ddp(net, pg, ddp::DistributedDataParallelOptions().allreduce_dtype(torch::kFloat));
   optimizer.attach(ddp);
   if (before) before(optimizer);
@@ -108,6 +109,29 @@ inline AmpRun train_ddp(const ddp::ProcessGroup& pg, int rank, const AmpSetup& s
     run.values.emplace_back(named[i].key(), optimizer.state().slots()[i].master.detach().cpu().clone());
   }
   return run;
+}
+
+/// DDP + amp on the residual MLP. Every rank builds rank 0's model: DDP starts the ranks from rank 0's parameters, but
+/// amp::initialize took the fp32 masters before.
+inline AmpRun train_ddp(const ddp::ProcessGroup& pg, int rank, const AmpSetup& setup, const Hook& before = nullptr) {
+  Net net = fsdp_test::make_net(3, /*rank=*/0, /*sharded=*/false, setup.device);
+  auto inner = make_optimizer(setup.opt, net->parameters());
+  return train_ddp_over(net, *inner, setup.options(), pg, rank, setup, before);
+}
+
+/// Same values and losses, bit for bit (a NaN loss equal to a NaN); throws naming the first difference.
+inline void check_same(const AmpRun& a, const AmpRun& b, const std::string& what) {
+  TORCH_CHECK(a.losses.size() == b.losses.size(), what, ": ", a.losses.size(), " and ", b.losses.size(), " steps");
+  for (size_t s = 0; s < a.losses.size(); ++s) {
+    TORCH_CHECK(std::memcmp(&a.losses[s], &b.losses[s], sizeof(float)) == 0, what, ": loss ", s, " is ", a.losses[s],
+                " and ", b.losses[s]);
+  }
+  TORCH_CHECK(a.skipped == b.skipped, what, ": other steps were skipped");
+  TORCH_CHECK(a.values.size() == b.values.size(), what, ": parameter counts differ");
+  for (size_t i = 0; i < a.values.size(); ++i) {
+    TORCH_CHECK(a.values[i].first == b.values[i].first && torch::equal(a.values[i].second, b.values[i].second), what,
+                ": ", a.values[i].first, " differs");
+  }
 }
 
 inline ddp::FullyShardOptions fsdp_options(const AmpSetup& setup) {
