@@ -236,13 +236,15 @@ void overlap(const ddp::ProcessGroup& pg, Setup& s, const torch::Tensor& x) {
   figures[pg.rank()][1] = s.fsdp ? share(ddp::collective_hidden_share(events, "reduce-scatter")) : -1.0;
   pg.allreduce_sum_(figures, "overlap figures");
   if (pg.rank() != 0) return;
+  // (A figure the timeline could not give, no collective recorded, prints as "n/a".)
+  const auto percent = [](double v) { return v < 0 ? std::string("n/a") : fmt::format("{:.1f}%", 100.0 * v); };
   for (int r = 0; r < pg.size(); ++r) {
     if (s.fsdp) {
-      fmt::print("| {} | rank {} | all-gathers: {:.1f}% hidden | reduce-scatters: {:.1f}% hidden |\n",
-                 mode_name(s.mode), r, 100.0 * figures[r][0].item<double>(), 100.0 * figures[r][1].item<double>());
+      fmt::print("| {} | rank {} | all-gathers: {} hidden | reduce-scatters: {} hidden |\n", mode_name(s.mode), r,
+                 percent(figures[r][0].item<double>()), percent(figures[r][1].item<double>()));
     } else {
-      fmt::print("| {} | rank {} | allreduces: {:.1f}% during backward | |\n", mode_name(s.mode), r,
-                 100.0 * figures[r][0].item<double>());
+      fmt::print("| {} | rank {} | allreduces: {} during backward | |\n", mode_name(s.mode), r,
+                 percent(figures[r][0].item<double>()));
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <amp/fsdp/sharded_gradients.h>
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -225,7 +226,7 @@ ShardLoad ShardedGradients::begin_shard_load() const {
   check_fused("loading a sharded checkpoint");
   int64_t numel = 0;
   for (const ShardLayout& shard : layout_) numel += shard.chunk;
-  return detail::begin_shard_load(numel, fused_->state_fields().size());
+  return detail::begin_shard_load(numel, fused_->state_fields());
 }
 
 void ShardedGradients::read_shard(const std::string& bytes, ShardLoad& load) const {
@@ -237,9 +238,14 @@ std::string ShardedGradients::finish_shard_load(const ShardLoad& load,
   const std::vector<std::string> fields = fused_->state_fields();
   std::vector<size_t> slot_of;
   const std::vector<ShardPiece> pieces = shard_pieces(&slot_of);
-  // Per field: whether this rank's parts have it (they agree: the units step together), and the step count.
+  // Per field: whether this rank's parts have it, and the step count: one for all, as the units step together.
   std::vector<int> present(fields.size(), -1);  // -1 unknown, 0 absent, 1 present
-  std::vector<float> step(fields.size(), 0.0f);
+  std::optional<float> step;
+  const auto same_step = [&](float value) {
+    TORCH_CHECK(!step || *step == value, "the shard files hold step counts ", *step, " and ", value,
+                ", but the units of a fully sharded model step together (shards of different checkpoints?)");
+    step = value;
+  };
   for (const ShardPiece& p : pieces) {
     check_piece_loaded(load, p, fields);
     if (p.numel == 0) continue;
@@ -249,7 +255,15 @@ std::string ShardedGradients::finish_shard_load(const ShardLoad& load,
                   "' for some parameters only, but the units of a fully sharded model step together (shards of "
                   "different checkpoints?)");
       present[f] = has;
-      if (has && fields[f] == "step") step[f] = load.fields[f][p.offset].item<float>();
+      if (has && fields[f] == "step") same_step(load.fields[f][p.offset].item<float>());
+    }
+  }
+  // A rank whose shards are all padding holds no part of a parameter: what the files hold decides.
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (present[f] >= 0) continue;
+    present[f] = load.in_files[f] ? 1 : 0;
+    if (present[f] == 1 && fields[f] == "step") {
+      for (const float value : load.file_steps) same_step(value);
     }
   }
   torch::serialize::OutputArchive out;
@@ -260,7 +274,7 @@ std::string ShardedGradients::finish_shard_load(const ShardLoad& load,
     copies.emplace_back(slots_[s].model, load.masters.narrow(0, base, shard.chunk).to(slots_[s].model.device()));
     for (size_t f = 0; f < fields.size(); ++f) {
       if (present[f] != 1) continue;
-      const at::Tensor value = fields[f] == "step" ? at::full({1}, step[f], at::kFloat)
+      const at::Tensor value = fields[f] == "step" ? at::full({1}, step.value_or(0.0f), at::kFloat)
                                                    : load.fields[f].narrow(0, base, shard.chunk).clone();
       out.write(key_of(shard.group, fields[f], shard.index), value);
     }

@@ -35,7 +35,8 @@ namespace amp::detail {
 /// element and named by field). Sharded checkpoints write each rank's shards as pieces of the parameters by name and
 /// range (amp/state/shard_file.h), as ZeRO does: the units step together (every unit's shard gets a gradient in
 /// every synchronized backward, zeros for a unit that did not run), so a rank whose shard of a unit holds only padding
-/// takes that unit's step count and whether it has state from its other units.
+/// takes that unit's step count and whether it has state from its other units, or from the files when it holds no
+/// parameter's part at all; step counts that differ are refused.
 class ShardedGradients final : public GradientOwner, public ShardedOwner {
  public:
   ShardedGradients(const OwnerContext& context, ddp::FullyShardedDataParallel& fsdp);

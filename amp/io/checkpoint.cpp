@@ -252,7 +252,7 @@ bool is_sharded_index(const std::string& path) {
          version.item<int64_t>() == kShardedIndexVersion;
 }
 
-void load_sharded(const std::string& path, State& state, ShardedOwner& zero, CheckpointExtras* extras);
+void load_sharded(const std::string& path, State& state, ShardedOwner& sharded, CheckpointExtras* extras);
 
 /// Reads and checks every part and loads the optimizer (restored if that fails); returns what applies the rest
 /// (model values, amp state, extras): called at once unless `defer`.
@@ -422,7 +422,7 @@ std::vector<std::string> listed_shards(const std::string& path) {
   return names;
 }
 
-void load_sharded(const std::string& path, State& state, ShardedOwner& zero, CheckpointExtras* extras) {
+void load_sharded(const std::string& path, State& state, ShardedOwner& sharded, CheckpointExtras* extras) {
   std::string failure;
   torch::serialize::OutputArchive before;
   state.optimizer().save(before);
@@ -464,7 +464,7 @@ void load_sharded(const std::string& path, State& state, ShardedOwner& zero, Che
     std::istringstream lines(as_string(read_entry(index, path, "shards")));
     std::string line;
     std::getline(lines, line);
-    ShardLoad load = zero.begin_shard_load();
+    ShardLoad load = sharded.begin_shard_load();
     while (std::getline(lines, line)) {
       const std::string file = directory_of(path) + line;
       torch::serialize::InputArchive shard;
@@ -473,13 +473,13 @@ void load_sharded(const std::string& path, State& state, ShardedOwner& zero, Che
       at::Tensor version;
       if (!shard.try_read(kShardFormatKey, version) || version.numel() != 1 ||
           version.item<int64_t>() != kShardFormatVersion) {
-        fail(file, "is not a shard of a ZeRO checkpoint this build reads (format " +
+        fail(file, "is not a shard of a sharded checkpoint this build reads (format " +
                        std::to_string(kShardFormatVersion) + ")");
       }
       const std::string bytes = as_string(read_entry(shard, file, "shard"));
-      checked(file, "", [&] { zero.read_shard(bytes, load); });
+      checked(file, "", [&] { sharded.read_shard(bytes, load); });
     }
-    const std::string pieces = checked(path, "", [&] { return zero.finish_shard_load(load, copies); });
+    const std::string pieces = checked(path, "", [&] { return sharded.finish_shard_load(load, copies); });
     torch::serialize::InputArchive optimizer_part;
     optimizer_part.load_from(pieces.data(), pieces.size(), state.device());
     try {
@@ -492,7 +492,7 @@ void load_sharded(const std::string& path, State& state, ShardedOwner& zero, Che
   } catch (const std::exception& e) {
     failure = exception_line(e);
   }
-  const int64_t failed = zero.count_failures(failure.empty());
+  const int64_t failed = sharded.count_failures(failure.empty());
   if (failed > 0) {
     if (optimizer_loaded) restore_optimizer(state, before);
     if (!failure.empty()) throw c10::Error(failure);
@@ -503,16 +503,16 @@ void load_sharded(const std::string& path, State& state, ShardedOwner& zero, Che
     for (auto& [dest, value] : copies) dest.copy_(value);
   }
   state.load(amp_part);
-  zero.after_shard_load();  // ZeRO: every rank's loaded masters, rounded, into the model parameters
+  sharded.after_shard_load();  // ZeRO: every rank's loaded masters, rounded, into the model parameters
   if (extras != nullptr) *extras = std::move(loaded_extras);
 }
 
 }  // namespace
 
 void save_checkpoint_sharded(const std::string& path, State& state, const CheckpointExtras& extras) {
-  state.wait_for_parameters();                       // Note [deferred publish]
-  ShardedOwner* const zero = state.sharded_owner();  // ZeRO's or full sharding's
-  if (zero == nullptr) {
+  state.wait_for_parameters();                          // Note [deferred publish]
+  ShardedOwner* const sharded = state.sharded_owner();  // ZeRO's or full sharding's
+  if (sharded == nullptr) {
     fail(path,
          "save_checkpoint_sharded needs a run attached with a ZeroStage or a fully sharded model (each rank writes "
          "its shard); without either use amp::save_checkpoint");
@@ -523,9 +523,9 @@ void save_checkpoint_sharded(const std::string& path, State& state, const Checkp
     extra_names += entry.first + "\n";
   }
   // One generation id for the whole set, drawn by rank 0 (file names of different saves never mix).
-  const int64_t generation = zero->broadcast_from_root(
+  const int64_t generation = sharded->broadcast_from_root(
       static_cast<int64_t>(std::random_device()() ^ (static_cast<uint64_t>(::time(nullptr)) << 20)) & 0xffffffffffLL);
-  const int world = static_cast<int>(zero->count_failures(false));  // every rank counts itself: the world size
+  const int world = static_cast<int>(sharded->count_failures(false));  // every rank counts itself: the world size
   auto shard_name = [&](int rank) {
     std::ostringstream name;
     name << base_name(path) << ".zero-" << std::hex << generation << std::dec << "-" << rank << "-of-" << world;
@@ -535,16 +535,16 @@ void save_checkpoint_sharded(const std::string& path, State& state, const Checkp
   try {
     torch::serialize::OutputArchive shard;
     shard.write(kShardFormatKey, at::tensor({kShardFormatVersion}, at::kLong));
-    write_entry(shard, "shard", zero->save_shard());
-    save_archive_atomically(shard, directory_of(path) + shard_name(zero->rank()));
+    write_entry(shard, "shard", sharded->save_shard());
+    save_archive_atomically(shard, directory_of(path) + shard_name(sharded->rank()));
   } catch (const std::exception& e) {
     failure = exception_line(e);
   }
-  if (zero->count_failures(failure.empty()) > 0) {
+  if (sharded->count_failures(failure.empty()) > 0) {
     if (!failure.empty()) throw c10::Error(failure);
     fail(path, "another rank could not write its shard; the previous checkpoint at this path is unchanged");
   }
-  if (zero->rank() == 0) {
+  if (sharded->rank() == 0) {
     try {
       const std::vector<std::string> previous = listed_shards(path);
       torch::serialize::OutputArchive amp_state, buffers, all;
@@ -571,7 +571,7 @@ void save_checkpoint_sharded(const std::string& path, State& state, const Checkp
       failure = exception_line(e);
     }
   }
-  if (zero->count_failures(failure.empty()) > 0) {
+  if (sharded->count_failures(failure.empty()) > 0) {
     if (!failure.empty()) throw c10::Error(failure);
     fail(path, "rank 0 could not write the index; the previous checkpoint at this path is unchanged");
   }

@@ -66,11 +66,13 @@ ShardFileContents decode_shard_file(const std::string& bytes, const std::vector<
   return file;
 }
 
-ShardLoad begin_shard_load(int64_t numel, size_t fields) {
+ShardLoad begin_shard_load(int64_t numel, const std::vector<std::string>& fields) {
   ShardLoad load;
+  load.field_names = fields;
+  load.in_files.assign(fields.size(), false);
   load.masters = at::zeros({numel}, at::kFloat);
   load.masters_seen = at::zeros({numel}, at::kFloat);
-  for (size_t f = 0; f < fields; ++f) {
+  for (size_t f = 0; f < fields.size(); ++f) {
     load.fields.push_back(at::zeros({numel}, at::kFloat));
     load.fields_seen.push_back(at::zeros({numel}, at::kFloat));
   }
@@ -87,6 +89,16 @@ void take_overlaps(const ShardFileContents& file, const std::vector<ShardPiece>&
     TORCH_CHECK(name_index >= 0 && name_index < static_cast<int64_t>(file.names.size()) && offset >= 0 && numel >= 0 &&
                     position + numel <= file.masters.numel(),
                 "the shard's piece ", k, " is out of range");
+    for (size_t f = 0; f < file.values.size(); ++f) {
+      if (file.has[f].data_ptr<uint8_t>()[k] == 0) continue;
+      load.in_files[f] = true;
+      if (load.field_names[f] == "step" && numel > 0) {
+        const float step = file.values[f][position].item<float>();
+        if (std::find(load.file_steps.begin(), load.file_steps.end(), step) == load.file_steps.end()) {
+          load.file_steps.push_back(step);
+        }
+      }
+    }
     const std::string& name = file.names[static_cast<size_t>(name_index)];
     const auto found = by_name.find(name);
     // (A parameter of the model with no piece on this rank is still one of the model's: the caller lists every

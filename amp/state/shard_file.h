@@ -40,13 +40,16 @@ ShardFileContents decode_shard_file(const std::string& bytes, const std::vector<
 
 /// What a sharded load has gathered so far for this rank's flat state, from shard files of any world size.
 struct ShardLoad {
+  std::vector<std::string> field_names;         ///< the optimizer's state fields
   at::Tensor masters, masters_seen;             ///< per element of this rank's flat state
   std::vector<at::Tensor> fields, fields_seen;  ///< per state field: per element (a step count repeated)
+  std::vector<bool> in_files;                   ///< per field: whether any piece of the files read has it
+  std::vector<float> file_steps;                ///< the distinct step counts the files' pieces hold
 };
-/// An empty load of `numel` elements and `fields` state fields (fp32 on the CPU).
-ShardLoad begin_shard_load(int64_t numel, size_t fields);
-/// Takes from `file` whatever overlaps `mine` (this rank's pieces) into `load`. Throws, one line, for a parameter
-/// this model does not have or a range past its end.
+/// An empty load of `numel` elements and the optimizer's state fields (fp32 on the CPU).
+ShardLoad begin_shard_load(int64_t numel, const std::vector<std::string>& fields);
+/// Takes from `file` whatever overlaps `mine` (this rank's pieces) into `load`, and notes which fields and step counts
+/// the file holds at all. Throws, one line, for a parameter this model does not have or a range past its end.
 void take_overlaps(const ShardFileContents& file, const std::vector<ShardPiece>& mine, ShardLoad& load);
 /// Checks that the files covered every element of `piece` and that a state field covers all of it or none of it.
 void check_piece_loaded(const ShardLoad& load, const ShardPiece& piece, const std::vector<std::string>& fields);

@@ -165,7 +165,7 @@ std::string ZeroShard::save_shard() const {
 }
 
 ShardLoad ZeroShard::begin_shard_load() const {
-  return detail::begin_shard_load(masters_.numel(), fused_->state_fields().size());
+  return detail::begin_shard_load(masters_.numel(), fused_->state_fields());
 }
 
 void ZeroShard::read_shard(const std::string& bytes, ShardLoad& load) const {

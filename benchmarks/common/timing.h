@@ -47,8 +47,9 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// The data-parallel form of run_interleaved, on every rank alike: `rounds` rounds in which each of `runs` runs
-/// `per_sample` times after `barrier()`; returns per run the seconds per iteration of each round.
+/// The data-parallel form of run_interleaved, on every rank alike, for the CPU (it synchronizes no device):
+/// `rounds` rounds in which each of `runs` runs `per_sample` times after `barrier()`; returns per run the seconds per
+/// iteration of each round.
 inline std::vector<std::vector<double>> time_rounds_on_ranks(const std::vector<std::function<void()>>& runs,
                                                              const std::function<void()>& barrier, int rounds,
                                                              int per_sample) {
@@ -70,6 +71,7 @@ inline std::vector<std::vector<double>> time_rounds_on_ranks(const std::vector<s
 inline std::vector<double> print_ratio_rows(const std::vector<std::string>& names,
                                             const std::vector<std::vector<double>>& seconds) {
   std::vector<double> out;
+  if (seconds.empty() || seconds.front().empty()) return out;  // no rounds: nothing to print
   const auto& base = seconds.front();
   for (size_t s = 0; s < seconds.size(); ++s) {
     std::vector<double> ratios;

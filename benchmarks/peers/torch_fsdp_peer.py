@@ -118,6 +118,8 @@ def main():
     parser.add_argument("--memory", choices=["ddp", "fsdp2"], help="only the memory of this one model")
     parser.add_argument("--bf16", action="store_true", help="with --memory fsdp2: bf16 param_dtype")
     args = parser.parse_args()
+    if args.bf16 and args.memory != "fsdp2":
+        parser.error("--bf16 needs --memory fsdp2 (it sets FSDP2's MixedPrecisionPolicy)")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -92,7 +92,7 @@ void FlatUnit::start_gather() {
 FlatUnit::Issued FlatUnit::issued(const c10::intrusive_ptr<c10d::Work>& work) const {
   Issued record;
   if (!recorder_ || !recorder_->recording()) return record;
-  record.recording = true;
+  record.timeline = recorder_;
   record.at = Timeline::Clock::now();
   if (pg_.backend_name() == "gloo") record.completed = CompletionTime::watch(work);
   return record;
@@ -102,13 +102,14 @@ void FlatUnit::wait_for(c10::intrusive_ptr<c10d::Work>& slot, Issued& record, co
                         const std::string& what, Timeline::Clock::time_point began) {
   auto work = std::move(slot);
   pg_.wait(work, what);
-  if (!record.recording) return;
+  const Issued issued = std::move(record);
+  record = Issued{};
+  if (!issued.timeline) return;
   const auto now = Timeline::Clock::now();
   // (It completed before the wait returned, whichever thread's clock read later.)
-  const auto end = record.completed ? std::min(record.completed->at_or(now), now) : now;
-  recorder_->add(c10::str(collective, " ", label()), "comm", record.at, std::max(end, record.at));
-  recorder_->add(c10::str("wait ", collective, " ", label()), "wait", began, now);
-  record = Issued{};
+  const auto end = issued.completed ? std::min(issued.completed->at_or(now), now) : now;
+  issued.timeline->add(c10::str(collective, " ", label()), "comm", issued.at, std::max(end, issued.at));
+  issued.timeline->add(c10::str("wait ", collective, " ", label()), "wait", began, now);
 }
 
 void FlatUnit::wait_gathered() {

@@ -103,9 +103,10 @@ class FlatUnit {
   at::Tensor gather_flat() const;
 
  private:
-  /// A collective issued while the timeline records: when, and when it completed (null: taken at the wait).
+  /// A collective issued while a timeline records: that timeline (its events go there, whatever is set by the
+  /// wait), when, and when it completed (null: taken at the wait).
   struct Issued {
-    bool recording = false;
+    std::shared_ptr<Timeline> timeline;  ///< null: not recorded
     Timeline::Clock::time_point at;
     std::shared_ptr<CompletionTime> completed;
   };

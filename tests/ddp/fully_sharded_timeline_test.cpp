@@ -1,6 +1,7 @@
 // Full sharding on the timeline (FullyShardedDataParallel::set_timeline): every unit's all-gather and reduce-scatter
 // from issue to completion, the host's waits for them, and the share of the all-gathers that hid behind compute.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -124,21 +125,61 @@ TEST(FullyShardedTimelineTest, APrefetchedGatherIsIssuedBeforeItsWaitAndAnUnpref
       2);
 }
 
-TEST(FullyShardedTimelineTest, RecordsNothingWithoutATimelineOrOutsideItsWindow) {
+// Steps outside the window record nothing.
+TEST(FullyShardedTimelineTest, RecordsNothingOutsideItsWindow) {
   LTA_REQUIRE_GLOO();
   run_ranks(
       [](int rank, const ddp::ProcessGroup& pg) {
         Net model = make_net(5, rank, /*sharded=*/true);
         ddp::FullyShardedDataParallel fsdp(model, pg);
-        auto timeline = std::make_shared<ddp::Timeline>(ddp::TimelineWindow{5, 5});
-        fsdp.set_timeline(timeline);
+        auto later = std::make_shared<ddp::Timeline>(ddp::TimelineWindow{5, 5});
+        fsdp.set_timeline(later);
         for (int step = 1; step <= 2; ++step) {
-          timeline->begin_step(step);
+          later->begin_step(step);
           const Batch b = batch(5, rank, step);
           torch::mse_loss(fsdp.forward(b.x), b.y).backward();
-          timeline->end_step();
+          later->end_step();
         }
-        EXPECT_TRUE(timeline->resolve().empty());
+        EXPECT_TRUE(later->resolve().empty());
+      },
+      2);
+}
+
+/// A residual block that calls `on_forward` first: a way to act while the next block's gather is in flight.
+struct CallbackBlockImpl : torch::nn::Module {
+  CallbackBlockImpl() { fc = register_module("fc", torch::nn::Linear(kWidth, kWidth)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (on_forward) on_forward();
+    return x + fc(x);
+  }
+  torch::nn::Linear fc{nullptr};
+  std::function<void()> on_forward;
+};
+TORCH_MODULE(CallbackBlock);
+
+// The timeline removed while a gather it recorded the issue of is in flight (the second block's, prefetched while the
+// first computes): the gather goes to the timeline it was issued under when it is waited for, and nothing issued after
+// the removal is recorded (backward's gathers and reductions).
+TEST(FullyShardedTimelineTest, ACollectiveInFlightWhenTheTimelineIsRemovedEndsInTheOneItWasIssuedUnder) {
+  LTA_REQUIRE_GLOO();
+  run_ranks(
+      [](int, const ddp::ProcessGroup& pg) {
+        CallbackBlock first, second;
+        torch::nn::Sequential net{ddp::ShardedUnit(first), ddp::ShardedUnit(second)};
+        ddp::FullyShardedDataParallel fsdp(net, pg);
+        const torch::Tensor x = torch::ones({4, kWidth});
+        fsdp.forward(x).sum().backward();  // the first forward fixes the order: the next one prefetches
+        auto timeline = std::make_shared<ddp::Timeline>(ddp::TimelineWindow{1, 1});
+        fsdp.set_timeline(timeline);
+        first->on_forward = [&] { fsdp.set_timeline(nullptr); };
+        timeline->begin_step(1);
+        fsdp.forward(x).sum().backward();
+        timeline->end_step();
+        const auto events = timeline->resolve();
+        EXPECT_EQ(named(events, "comm", "all-gather unit '0'").size(), 1u);
+        EXPECT_EQ(named(events, "comm", "all-gather unit '1'").size(), 1u) << "the prefetched gather was lost";
+        EXPECT_EQ(named(events, "wait", "wait all-gather unit '1'").size(), 1u);
+        for (const auto& e : events) EXPECT_EQ(e.name.find("reduce-scatter"), std::string::npos) << e.name;
       },
       2);
 }
